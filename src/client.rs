@@ -1,0 +1,348 @@
+//! The client: configuration, the connection pool, the client id and the
+//! background threads.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::connection::{Manager, Redis};
+use crate::error::{Error, Result};
+use crate::lock::{check_lease, duration_ms, Lock, MIN_RENEW_INTERVAL};
+use crate::pubsub::{PubSub, Target};
+use crate::watchdog::{LostCallback, Watchdog};
+
+static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
+static NEXT_THREAD_ID: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    static THREAD_ID: u64 = NEXT_THREAD_ID.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A number for the current OS thread, stable for its lifetime and unique in
+/// the process (the `<thread-id>` of the owner field).
+fn thread_id() -> u64 {
+    THREAD_ID.try_with(|id| *id).unwrap_or(0)
+}
+
+/// A handle on a Redis server for taking locks.
+///
+/// Cheap to clone (an `Arc` inside) and `Send + Sync`: share one per process.
+/// Each `Client` has its own id (the `<client-uuid>` of the owner field), its
+/// own connection pool, one watchdog thread (started with the first watched
+/// lock) and one subscriber thread (started with the first wait). They stop
+/// when the last clone and the last guard are gone.
+///
+/// ```no_run
+/// # fn main() -> redlease::Result<()> {
+/// let client = redlease::Client::open("redis://127.0.0.1:6379/")?;
+/// let guard = client.lock("orders:42").lock()?;
+/// // ... the lock is held, and renewed, until the guard is dropped
+/// drop(guard);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) shared: Arc<Shared>,
+}
+
+pub(crate) struct Shared {
+    pub(crate) id: u64,
+    uuid: String,
+    url: String,
+    pub(crate) redis: Arc<Redis>,
+    pub(crate) watchdog: Watchdog,
+    pub(crate) pubsub: PubSub,
+    pub(crate) watchdog_timeout: Duration,
+    response_timeout: Duration,
+    next_request: AtomicU64,
+}
+
+impl Shared {
+    /// `<client-uuid>:<thread-id>` for the current thread.
+    pub(crate) fn owner_field(&self) -> String {
+        format!("{}:{}", self.uuid, thread_id())
+    }
+
+    /// A request id unique to this client.
+    pub(crate) fn request_id(&self, field: &str) -> String {
+        let n = self.next_request.fetch_add(1, Ordering::Relaxed);
+        format!("{field}:{n}")
+    }
+
+    /// How long a release latch or an acquire cancel marker lives: long
+    /// enough for a retry of the same request to find it.
+    pub(crate) fn latch_ttl_ms(&self) -> u64 {
+        duration_ms(self.response_timeout)
+            .saturating_mul(4)
+            .max(1000)
+    }
+}
+
+impl Client {
+    /// Connects with default settings; see [`ClientBuilder`].
+    ///
+    /// # Errors
+    ///
+    /// As for [`ClientBuilder::build`].
+    pub fn open(url: &str) -> Result<Client> {
+        Client::builder(url).build()
+    }
+
+    /// Starts configuring a client for the Redis at `url`
+    /// (`redis://[user:password@]host[:port][/db]` or `redis+unix:///path`).
+    pub fn builder(url: &str) -> ClientBuilder {
+        ClientBuilder::new(url)
+    }
+
+    /// A handle on the lock named `name` (any UTF-8, including braces,
+    /// newlines and NUL). Cheap and infallible: the name is checked when the
+    /// lock is used.
+    pub fn lock(&self, name: impl Into<String>) -> Lock {
+        Lock::new(self.clone(), name.into())
+    }
+
+    /// This client's id, the `<client-uuid>` part of the owner field it
+    /// writes into lock hashes.
+    pub fn id(&self) -> &str {
+        &self.shared.uuid
+    }
+
+    /// The lease of locks taken without an explicit one.
+    pub fn watchdog_timeout(&self) -> Duration {
+        self.shared.watchdog_timeout
+    }
+
+    /// A snapshot of this client's counters.
+    pub fn stats(&self) -> ClientStats {
+        let s = &self.shared;
+        let wd = s.watchdog.counters();
+        ClientStats {
+            round_trips: s.redis.counters.round_trips.load(Ordering::Relaxed),
+            connection_failures: s.redis.counters.reconnects.load(Ordering::Relaxed),
+            renewal_round_trips: wd.round_trips.load(Ordering::Relaxed),
+            renewals: wd.renewals.load(Ordering::Relaxed),
+            locks_lost: wd.lost.load(Ordering::Relaxed),
+            watchdog_entries: s.watchdog.scheduled(),
+            subscribed_channels: s.pubsub.channels(),
+            subscriber_reconnects: s.pubsub.reconnects(),
+        }
+    }
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("id", &self.shared.uuid)
+            .field("url", &self.shared.url)
+            .field("watchdog_timeout", &self.shared.watchdog_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Counters of one [`Client`], for metrics and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClientStats {
+    /// Round trips to Redis made by lock operations and the watchdog.
+    pub round_trips: u64,
+    /// Connection failures seen (each discards the pooled connections).
+    pub connection_failures: u64,
+    /// Round trips the watchdog made (one per due batch).
+    pub renewal_round_trips: u64,
+    /// Leases the watchdog renewed.
+    pub renewals: u64,
+    /// Locks the watchdog found lost.
+    pub locks_lost: u64,
+    /// Entries in the watchdog's schedule (released ones until their due time).
+    pub watchdog_entries: usize,
+    /// Release channels with at least one waiter in this process.
+    pub subscribed_channels: usize,
+    /// Times the subscriber connection was re-established.
+    pub subscriber_reconnects: u64,
+}
+
+/// Configures a [`Client`]; by value, like r2d2's builder.
+///
+/// ```no_run
+/// # fn main() -> redlease::Result<()> {
+/// use std::time::Duration;
+/// let client = redlease::Client::builder("redis://127.0.0.1:6379/")
+///     .pool_size(16)
+///     .connection_timeout(Duration::from_secs(2))
+///     .watchdog_timeout(Duration::from_secs(30))
+///     .on_lock_lost(|name: &str| log::error!("lost {name}"))
+///     .build()?;
+/// # Ok(()) }
+/// ```
+#[must_use = "a builder does nothing until build() is called"]
+pub struct ClientBuilder {
+    url: String,
+    pool_size: u32,
+    connection_timeout: Duration,
+    response_timeout: Duration,
+    watchdog_timeout: Duration,
+    on_lock_lost: Option<LostCallback>,
+}
+
+impl ClientBuilder {
+    fn new(url: &str) -> ClientBuilder {
+        ClientBuilder {
+            url: url.to_owned(),
+            pool_size: 16,
+            connection_timeout: Duration::from_secs(2),
+            response_timeout: Duration::from_secs(2),
+            watchdog_timeout: Duration::from_secs(30),
+            on_lock_lost: None,
+        }
+    }
+
+    /// The most connections kept to Redis for lock operations (the
+    /// subscriber has one more of its own). Defaults to 16.
+    pub fn pool_size(mut self, size: u32) -> Self {
+        self.pool_size = size;
+        self
+    }
+
+    /// How long to wait to connect, or for a free pooled connection.
+    /// Defaults to 2 s.
+    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = timeout;
+        self
+    }
+
+    /// How long to wait for Redis to answer a command (the socket read and
+    /// write timeout), so that a stalled server cannot hang a call. Defaults
+    /// to 2 s.
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// The lease of locks taken without an explicit one; the watchdog renews
+    /// them every third of it (or per [`Lock::with_renew_interval`]).
+    /// Defaults to 30 s, like Redisson's `lockWatchdogTimeout`.
+    pub fn watchdog_timeout(mut self, lease: Duration) -> Self {
+        self.watchdog_timeout = lease;
+        self
+    }
+
+    /// Called with the lock's name when the watchdog finds a held lock lost
+    /// (deleted, expired, or not renewable before its lease ran out). Runs on
+    /// the watchdog thread, outside any lock, under `catch_unwind`; keep it
+    /// short, and do not capture the `Client` in it (that would keep the
+    /// client's threads alive forever). Defaults to none (the loss is logged
+    /// at `error` either way).
+    pub fn on_lock_lost<F>(mut self, callback: F) -> Self
+    where
+        F: Fn(&str) + Send + Sync + 'static,
+    {
+        self.on_lock_lost = Some(Arc::new(callback));
+        self
+    }
+
+    /// Checks the settings and connects.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] or [`Error::InvalidArgument`] for bad settings;
+    /// [`Error::Pool`] if Redis cannot be reached within the connection
+    /// timeout.
+    pub fn build(self) -> Result<Client> {
+        if self.pool_size == 0 {
+            return Err(Error::invalid("pool_size is 0: use at least 1"));
+        }
+        for (what, d) in [
+            ("connection_timeout", self.connection_timeout),
+            ("response_timeout", self.response_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(Error::invalid(format!("{what} is zero: use a positive duration")));
+            }
+        }
+        check_lease("watchdog_timeout", self.watchdog_timeout)?;
+        if self.watchdog_timeout <= MIN_RENEW_INTERVAL * 2 {
+            return Err(Error::invalid(format!(
+                "watchdog_timeout {:?} is too short to renew: use more than {:?}",
+                self.watchdog_timeout,
+                MIN_RENEW_INTERVAL * 2
+            )));
+        }
+        let redis_client = redis::Client::open(self.url.as_str())
+            .map_err(|e| Error::InvalidUrl(format!("{}: {e}", redact(&self.url))))?;
+        let target = Target::from_info(redis_client.get_connection_info())?;
+        let epoch = Arc::new(AtomicU64::new(0));
+        let manager = Manager::new(
+            redis_client,
+            self.connection_timeout,
+            self.response_timeout,
+            Arc::clone(&epoch),
+        );
+        let pool = r2d2::Pool::builder()
+            .max_size(self.pool_size)
+            .min_idle(Some(1))
+            .connection_timeout(self.connection_timeout)
+            .test_on_check_out(true)
+            .build(manager)
+            .map_err(Error::pool)?;
+        let redis = Arc::new(Redis::new(pool, epoch));
+        let shared = Shared {
+            id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
+            uuid: uuid::Uuid::new_v4().to_string(),
+            url: redact(&self.url),
+            watchdog: Watchdog::new(Arc::clone(&redis), self.on_lock_lost),
+            pubsub: PubSub::new(target, self.connection_timeout, self.response_timeout),
+            redis,
+            watchdog_timeout: self.watchdog_timeout,
+            response_timeout: self.response_timeout,
+            next_request: AtomicU64::new(0),
+        };
+        Ok(Client {
+            shared: Arc::new(shared),
+        })
+    }
+}
+
+impl fmt::Debug for ClientBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientBuilder")
+            .field("url", &redact(&self.url))
+            .field("pool_size", &self.pool_size)
+            .field("connection_timeout", &self.connection_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .field("watchdog_timeout", &self.watchdog_timeout)
+            .field("on_lock_lost", &self.on_lock_lost.as_ref().map(|_| "Fn(&str)"))
+            .finish()
+    }
+}
+
+/// The URL with any password replaced by `***`.
+fn redact(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return url.to_owned();
+    };
+    let userinfo = &rest[..at];
+    let user = userinfo.split_once(':').map_or("", |(u, _)| u);
+    if !userinfo.contains(':') && userinfo.is_empty() {
+        return url.to_owned();
+    }
+    format!("{}{user}:***{}", &url[..scheme_end + 3], &rest[at..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(redact("redis://:secret@h:1/0"), "redis://:***@h:1/0");
+        assert_eq!(redact("redis://u:secret@h/"), "redis://u:***@h/");
+        assert_eq!(redact("redis://h:6379/"), "redis://h:6379/");
+        assert_eq!(redact("redis://tok@h/"), "redis://:***@h/");
+    }
+}

@@ -1,0 +1,183 @@
+//! Connections: an r2d2 manager that sets timeouts and never PINGs on
+//! checkout, and the runner that every Redis operation goes through.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::ConnectionLike;
+
+use crate::error::{Error, Result};
+
+/// A pooled connection and the pool epoch it was made in.
+pub(crate) struct Conn {
+    pub(crate) inner: redis::Connection,
+    epoch: u64,
+    used: bool,
+}
+
+/// Counters the connection layer keeps (see [`crate::ClientStats`]).
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) round_trips: AtomicU64,
+    pub(crate) reconnects: AtomicU64,
+}
+
+/// The r2d2 manager. Redis's own r2d2 glue sets no socket timeouts and PINGs
+/// on every checkout; this one sets connect, read and write timeouts and
+/// validates without I/O: a connection is discarded when it broke or when it
+/// was made before the last connection failure seen (the pool's epoch), which
+/// is how a Redis restart clears every stale pooled connection at once.
+pub(crate) struct Manager {
+    client: redis::Client,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    epoch: Arc<AtomicU64>,
+}
+
+#[derive(Debug)]
+pub(crate) struct StaleConnection;
+
+impl std::fmt::Display for StaleConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("connection predates a connection failure")
+    }
+}
+
+impl std::error::Error for StaleConnection {}
+
+#[derive(Debug)]
+pub(crate) enum ManagerError {
+    Redis(redis::RedisError),
+    Stale(StaleConnection),
+}
+
+impl std::fmt::Display for ManagerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ManagerError::Redis(e) => e.fmt(f),
+            ManagerError::Stale(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for ManagerError {}
+
+impl Manager {
+    pub(crate) fn new(
+        client: redis::Client,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+        epoch: Arc<AtomicU64>,
+    ) -> Manager {
+        Manager {
+            client,
+            connect_timeout,
+            response_timeout,
+            epoch,
+        }
+    }
+}
+
+impl r2d2::ManageConnection for Manager {
+    type Connection = Conn;
+    type Error = ManagerError;
+
+    fn connect(&self) -> Result<Conn, ManagerError> {
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let inner = self
+            .client
+            .get_connection_with_timeout(self.connect_timeout)
+            .map_err(ManagerError::Redis)?;
+        inner
+            .set_read_timeout(Some(self.response_timeout))
+            .map_err(ManagerError::Redis)?;
+        inner
+            .set_write_timeout(Some(self.response_timeout))
+            .map_err(ManagerError::Redis)?;
+        Ok(Conn {
+            inner,
+            epoch,
+            used: false,
+        })
+    }
+
+    fn is_valid(&self, conn: &mut Conn) -> Result<(), ManagerError> {
+        if conn.epoch < self.epoch.load(Ordering::Acquire) || !conn.inner.is_open() {
+            return Err(ManagerError::Stale(StaleConnection));
+        }
+        Ok(())
+    }
+
+    fn has_broken(&self, conn: &mut Conn) -> bool {
+        !conn.inner.is_open() || conn.epoch < self.epoch.load(Ordering::Acquire)
+    }
+}
+
+/// The pool plus the script runner; shared by the client, its locks and the
+/// watchdog.
+pub(crate) struct Redis {
+    pool: r2d2::Pool<Manager>,
+    epoch: Arc<AtomicU64>,
+    pub(crate) counters: Counters,
+}
+
+impl Redis {
+    /// `epoch` must be the one the pool's [`Manager`] was made with.
+    pub(crate) fn new(pool: r2d2::Pool<Manager>, epoch: Arc<AtomicU64>) -> Redis {
+        Redis {
+            pool,
+            epoch,
+            counters: Counters::default(),
+        }
+    }
+
+    /// Runs `op` on a pooled connection, one round trip as far as `op` goes.
+    ///
+    /// A connection failure marks every pooled connection made before it as
+    /// stale. If the connection was an idle one from the pool and it turned out
+    /// dropped (Redis restarted, the link was cut), `op` is run once more on a
+    /// new connection: every operation of redlease is safe to repeat (see the
+    /// scripts). Timeouts are not retried, so a call never waits past one
+    /// response timeout per attempt.
+    pub(crate) fn run<T>(
+        &self,
+        mut op: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
+    ) -> Result<T> {
+        let mut retried = false;
+        loop {
+            let mut conn = self.pool.get().map_err(Error::pool)?;
+            let reused = conn.used;
+            conn.used = true;
+            self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
+            match op(&mut conn.inner) {
+                Ok(v) => return Ok(v),
+                Err(e) => {
+                    if is_connection_failure(&e) {
+                        self.mark_failure(&mut conn);
+                        if reused && !retried && e.is_connection_dropped() && !e.is_timeout() {
+                            log::debug!("redis connection dropped ({e}); retrying on a new one");
+                            retried = true;
+                            continue;
+                        }
+                    }
+                    return Err(Error::Redis(e));
+                }
+            }
+        }
+    }
+
+    fn mark_failure(&self, conn: &mut r2d2::PooledConnection<Manager>) {
+        // Everything made up to now is suspect (this connection too: a
+        // timed-out one may still get the late reply); connections made after
+        // this point carry the new epoch.
+        let old = self.epoch.fetch_max(conn.epoch + 1, Ordering::AcqRel);
+        if old <= conn.epoch {
+            self.counters.reconnects.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+fn is_connection_failure(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.is_unrecoverable_error()
+}

@@ -1,0 +1,115 @@
+//! The one error type of the crate.
+
+use std::error::Error as StdError;
+use std::fmt;
+
+/// A `Result` whose error defaults to [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in redlease.
+///
+/// Match on the predicates ([`is_timeout`](Error::is_timeout),
+/// [`is_lock_lost`](Error::is_lock_lost), …) rather than on the variants when
+/// you only need to decide what to do next: the enum is `#[non_exhaustive]`
+/// and may grow.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// An argument or a setting was out of range; the message says what to
+    /// change. Nothing was sent to Redis.
+    InvalidArgument(String),
+    /// The Redis URL could not be parsed or names something redlease cannot
+    /// use (for example TLS, which is not supported yet).
+    InvalidUrl(String),
+    /// Redis answered with an error, or the connection failed or timed out in
+    /// the middle of a command.
+    Redis(redis::RedisError),
+    /// No connection could be had within the connection timeout: Redis is
+    /// unreachable, refuses the connection, or every pooled connection is busy.
+    Pool(String),
+    /// The lock is no longer held by this guard: its lease ran out, it was
+    /// deleted (for example by `force_unlock` or a Redis restart), or the
+    /// watchdog could not renew it in time. Whatever the guard protected may
+    /// have been touched by another holder since.
+    LockLost {
+        /// The lock's name.
+        name: String,
+    },
+}
+
+impl Error {
+    /// `true` if a deadline passed: a Redis command timed out, or no pooled
+    /// connection could be had in time.
+    pub fn is_timeout(&self) -> bool {
+        match self {
+            Error::Redis(e) => e.is_timeout(),
+            Error::Pool(_) => true,
+            _ => false,
+        }
+    }
+
+    /// `true` if the lock this error is about is no longer held by the caller
+    /// (see [`Error::LockLost`]).
+    pub fn is_lock_lost(&self) -> bool {
+        matches!(self, Error::LockLost { .. })
+    }
+
+    /// `true` for bad input (an argument, a setting or the URL): fix the call,
+    /// retrying will not help.
+    pub fn is_invalid_argument(&self) -> bool {
+        matches!(self, Error::InvalidArgument(_) | Error::InvalidUrl(_))
+    }
+
+    /// `true` if Redis could not be reached or the connection broke: the
+    /// operation may succeed when retried later.
+    pub fn is_connection_error(&self) -> bool {
+        match self {
+            Error::Redis(e) => e.is_io_error() || e.is_connection_dropped() || e.is_timeout(),
+            Error::Pool(_) => true,
+            _ => false,
+        }
+    }
+
+    pub(crate) fn invalid(msg: impl Into<String>) -> Error {
+        Error::InvalidArgument(msg.into())
+    }
+
+    pub(crate) fn pool(e: r2d2::Error) -> Error {
+        Error::Pool(e.to_string())
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InvalidArgument(msg) => write!(f, "invalid argument: {msg}"),
+            Error::InvalidUrl(msg) => write!(f, "invalid redis url: {msg}"),
+            Error::Redis(e) => write!(f, "redis error: {e}"),
+            Error::Pool(msg) => write!(
+                f,
+                "no redis connection within the connection timeout ({msg}); \
+                 check that redis is reachable, or raise pool_size or connection_timeout"
+            ),
+            Error::LockLost { name } => write!(
+                f,
+                "lock {name:?} is no longer held by this thread: its lease ran out or it was \
+                 deleted; do not act on what it protected, acquire it again"
+            ),
+        }
+    }
+}
+
+impl StdError for Error {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        match self {
+            Error::Redis(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<redis::RedisError> for Error {
+    fn from(e: redis::RedisError) -> Error {
+        Error::Redis(e)
+    }
+}

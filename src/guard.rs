@@ -1,0 +1,290 @@
+//! One acquisition of a lock ([`LockGuard`]) and the state all acquisitions
+//! of one owner share ([`Hold`]).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use crate::client::Client;
+use crate::error::{Error, Result};
+use crate::scripts;
+
+static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+/// `t` as nanoseconds since a process-wide epoch (saturating), for atomics.
+pub(crate) fn to_nanos(t: Instant) -> u64 {
+    u64::try_from(t.saturating_duration_since(*EPOCH).as_nanos()).unwrap_or(u64::MAX)
+}
+
+fn from_nanos(n: u64) -> Instant {
+    EPOCH
+        .checked_add(Duration::from_nanos(n))
+        .unwrap_or_else(|| *EPOCH + Duration::from_secs(100 * 365 * 24 * 3600))
+}
+
+/// What one owner (this thread of this client) holds of one lock: the
+/// re-entries share it, and so does the watchdog's entry for it.
+pub(crate) struct Hold {
+    pub(crate) client_id: u64,
+    pub(crate) name: String,
+    pub(crate) field: String,
+    /// Guards alive for this owner; changed only by the owning thread.
+    count: AtomicU32,
+    /// Lease of the latest acquisition, re-applied on partial release.
+    lease_ms: AtomicU64,
+    /// Last confirmed acquisition or renewal (the time it was sent) + lease.
+    valid_until: AtomicU64,
+    lost: AtomicBool,
+    released: AtomicBool,
+    watched: AtomicBool,
+}
+
+impl Hold {
+    pub(crate) fn new(client_id: u64, name: &str, field: String) -> Hold {
+        Hold {
+            client_id,
+            name: name.to_owned(),
+            field,
+            count: AtomicU32::new(0),
+            lease_ms: AtomicU64::new(0),
+            valid_until: AtomicU64::new(0),
+            lost: AtomicBool::new(false),
+            released: AtomicBool::new(false),
+            watched: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn count(&self) -> u32 {
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// Records a successful acquisition sent at `sent` with `lease_ms`.
+    pub(crate) fn acquired(&self, sent: Instant, lease_ms: u64) {
+        self.count.fetch_add(1, Ordering::AcqRel);
+        self.lease_ms.store(lease_ms, Ordering::Release);
+        self.confirm(sent, lease_ms);
+    }
+
+    /// Records that Redis held the lease for `lease_ms` from `sent` on.
+    pub(crate) fn confirm(&self, sent: Instant, lease_ms: u64) {
+        let until = to_nanos(sent).saturating_add(lease_ms.saturating_mul(1_000_000));
+        self.valid_until.fetch_max(until, Ordering::AcqRel);
+    }
+
+    pub(crate) fn valid_until(&self) -> Instant {
+        from_nanos(self.valid_until.load(Ordering::Acquire))
+    }
+
+    /// Marks the hold lost; `true` only for the call that changed it, and
+    /// never for a hold that was released.
+    pub(crate) fn mark_lost(&self) -> bool {
+        !self.released.load(Ordering::Acquire) && !self.lost.swap(true, Ordering::AcqRel)
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+
+    /// Still held as far as this process knows: not released, not lost.
+    pub(crate) fn is_active(&self) -> bool {
+        !self.released.load(Ordering::Acquire) && !self.is_lost()
+    }
+
+    /// Claims the watchdog entry; `true` if the caller must register it.
+    pub(crate) fn start_watch(&self) -> bool {
+        !self.watched.swap(true, Ordering::AcqRel)
+    }
+}
+
+thread_local! {
+    /// This thread's holds: client id -> lock name -> hold. Only the owning
+    /// thread re-enters or releases a hold, so no lock is needed.
+    static HOLDS: RefCell<HashMap<u64, HashMap<String, Arc<Hold>>>> = RefCell::new(HashMap::new());
+}
+
+/// The hold this thread has on `name` through client `client_id`, if active.
+pub(crate) fn current_hold(client_id: u64, name: &str) -> Option<Arc<Hold>> {
+    HOLDS
+        .try_with(|h| {
+            h.borrow()
+                .get(&client_id)
+                .and_then(|m| m.get(name))
+                .filter(|hold| hold.is_active())
+                .cloned()
+        })
+        .ok()
+        .flatten()
+}
+
+pub(crate) fn insert_hold(hold: &Arc<Hold>) {
+    let _ = HOLDS.try_with(|h| {
+        h.borrow_mut()
+            .entry(hold.client_id)
+            .or_default()
+            .insert(hold.name.clone(), Arc::clone(hold));
+    });
+}
+
+fn remove_hold(hold: &Arc<Hold>) {
+    let _ = HOLDS.try_with(|h| {
+        let mut h = h.borrow_mut();
+        if let Some(m) = h.get_mut(&hold.client_id) {
+            if m.get(&hold.name).is_some_and(|x| Arc::ptr_eq(x, hold)) {
+                m.remove(&hold.name);
+            }
+            if m.is_empty() {
+                h.remove(&hold.client_id);
+            }
+        }
+    });
+}
+
+/// A held lock. Dropping it releases one hold (the lock is free once every
+/// re-entry of this thread is released); [`unlock`](LockGuard::unlock) does
+/// the same and reports failures.
+///
+/// The guard is `!Send`: ownership is "this thread of this client", and a
+/// guard moved to another thread would let two threads believe they hold the
+/// lock. It is `Sync`, so scoped threads may check [`is_lost`](Self::is_lost).
+///
+/// ```compile_fail
+/// fn assert_send<T: Send>() {}
+/// assert_send::<redlease::LockGuard>();
+/// ```
+#[must_use = "the lock is released as soon as the guard is dropped"]
+pub struct LockGuard {
+    client: Client,
+    hold: Arc<Hold>,
+    done: bool,
+    _not_send: PhantomData<std::sync::MutexGuard<'static, ()>>,
+}
+
+impl LockGuard {
+    pub(crate) fn new(client: Client, hold: Arc<Hold>) -> LockGuard {
+        LockGuard {
+            client,
+            hold,
+            done: false,
+            _not_send: PhantomData,
+        }
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.hold.name
+    }
+
+    /// `true` once this process knows the lock is no longer held: the
+    /// watchdog found it gone or could not renew it before its lease ran out,
+    /// or its lease has passed without a confirmed renewal.
+    pub fn is_lost(&self) -> bool {
+        self.hold.is_lost() || Instant::now() >= self.hold.valid_until()
+    }
+
+    /// Checks, without a round trip, that the lock is still held; call it
+    /// before each side effect the lock protects.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LockLost`] when [`is_lost`](Self::is_lost) is true.
+    pub fn ensure_held(&self) -> Result<()> {
+        if self.is_lost() {
+            return Err(Error::LockLost {
+                name: self.hold.name.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Until when the lease is known to hold: the last acquisition or renewal
+    /// Redis confirmed (counted from when it was sent) plus the lease.
+    pub fn valid_until(&self) -> Instant {
+        self.hold.valid_until()
+    }
+
+    /// How many guards this thread holds on this lock (re-entries included).
+    pub fn hold_count(&self) -> u32 {
+        self.hold.count()
+    }
+
+    /// Releases this hold and reports the outcome.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LockLost`] if the lock was no longer held (lease ran out,
+    /// deleted, or found lost by the watchdog); a Redis or pool error if the
+    /// release could not be sent, in which case the lease runs out by itself.
+    pub fn unlock(mut self) -> Result<()> {
+        self.done = true;
+        self.release()
+    }
+
+    fn release(&mut self) -> Result<()> {
+        let hold = &self.hold;
+        let lost = || Error::LockLost {
+            name: hold.name.clone(),
+        };
+        if hold.is_lost() {
+            remove_hold(hold);
+            return Err(lost());
+        }
+        let left = hold.count.fetch_sub(1, Ordering::AcqRel).saturating_sub(1);
+        if left == 0 {
+            // Before the script goes out: the watchdog never renews it again,
+            // and a late renewal result cannot mark it lost.
+            hold.released.store(true, Ordering::Release);
+            remove_hold(hold);
+        }
+        let shared = &self.client.shared;
+        let channel = scripts::channel_name(&hold.name);
+        let latch = scripts::unlock_latch_name(&hold.name, &shared.request_id(&hold.field));
+        let lease_ms = hold.lease_ms.load(Ordering::Acquire);
+        let latch_ms = shared.latch_ttl_ms();
+        let reply: Option<i64> = shared.redis.run(|conn| {
+            scripts::RELEASE.run(conn, 3, |cmd| {
+                cmd.arg(&hold.name)
+                    .arg(&channel)
+                    .arg(&latch)
+                    .arg(&hold.field)
+                    .arg(left)
+                    .arg(lease_ms)
+                    .arg(latch_ms);
+            })
+        })?;
+        match reply {
+            Some(_) => Ok(()),
+            None => {
+                // Gone on the server: the other guards of this owner are lost too.
+                hold.mark_lost();
+                remove_hold(hold);
+                Err(lost())
+            }
+        }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        if let Err(e) = self.release() {
+            log::warn!("redlease: releasing lock {:?} on drop failed: {e}", self.hold.name);
+        }
+    }
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("name", &self.hold.name)
+            .field("owner", &self.hold.field)
+            .field("hold_count", &self.hold.count())
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}

@@ -1,0 +1,64 @@
+//! # redlease
+//!
+//! Synchronous distributed locks on Redis, compatible on the wire with
+//! Redisson's `RLock`: a Java service using Redisson and a Rust service using
+//! redlease on the same lock name exclude each other and wake each other.
+//!
+//! - **Reentrant**: a hash per lock, field `<client-uuid>:<thread-id>`, value
+//!   the hold count; every operation is one Lua script, one round trip.
+//! - **Woken, not polling**: a waiter subscribes to the lock's release channel;
+//!   a release wakes one waiter per process. Each wait is bounded by the
+//!   holder's lease, so a crashed holder's lock is taken as soon as it expires.
+//! - **Watchdog**: locks taken without a lease are renewed until released, by
+//!   one thread per client that renews everything due in one round trip, each
+//!   lock at its own interval, and reports a lost lease to its guard.
+//! - **Blocking** API on an r2d2 pool; RAII [`LockGuard`]s.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! fn main() -> redlease::Result<()> {
+//!     let client = redlease::Client::open("redis://127.0.0.1:6379/")?;
+//!     let lock = client.lock("orders:42");
+//!
+//!     let guard = lock.lock()?;                 // waits; renewed by the watchdog
+//!     let again = lock.lock()?;                 // re-entry by the same thread
+//!     assert_eq!(lock.hold_count()?, 2);
+//!     drop(again);
+//!
+//!     guard.ensure_held()?;                     // cheap check before a side effect
+//!     guard.unlock()?;                          // or just drop it
+//!
+//!     if let Some(g) = lock.try_lock_with_lease(Duration::from_secs(1), Duration::from_secs(10))? {
+//!         // held for at most 10 s, never renewed
+//!         drop(g);
+//!     }
+//!     Ok(())
+//! }
+//! ```
+//!
+//! ## Guarantees and limits
+//!
+//! A Redis lock is a lease. A holder that pauses (GC-like stall, swap, a
+//! stopped VM) for longer than its lease can lose the lock while it still
+//! runs; the watchdog cannot help a process that does not run. Call
+//! [`LockGuard::ensure_held`] before each side effect that must be exclusive,
+//! and keep critical sections well inside the lease. A single Redis (or a
+//! replicated one that fails over) can lose a lock on a crash.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod client;
+mod connection;
+mod error;
+mod guard;
+mod lock;
+mod pubsub;
+mod scripts;
+mod watchdog;
+
+pub use crate::client::{Client, ClientBuilder, ClientStats};
+pub use crate::error::{Error, Result};
+pub use crate::guard::LockGuard;
+pub use crate::lock::{Lock, MAX_LEASE, MIN_RENEW_INTERVAL};

@@ -1,0 +1,447 @@
+//! A named lock handle and the acquire loop.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::client::Client;
+use crate::error::{Error, Result};
+use crate::guard::{current_hold, insert_hold, Hold, LockGuard};
+use crate::scripts;
+
+/// The shortest renewal interval the watchdog accepts. Renewing thousands of
+/// locks more often than this would turn the watchdog into a load on Redis.
+pub const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(50);
+
+/// The longest lease accepted (about 292 years; Redis keeps expiry times in
+/// signed 64-bit milliseconds).
+pub const MAX_LEASE: Duration = Duration::from_millis(1 << 53);
+
+/// When waiting for a holder that set no lease (PTTL -1), re-check at least
+/// this often even without a release message.
+const NO_TTL_RECHECK: Duration = Duration::from_secs(1);
+
+/// A named, reentrant distributed lock.
+///
+/// A `Lock` is a cheap handle: it owns no Redis state and can be created,
+/// cloned and dropped freely; each acquisition returns a [`LockGuard`].
+/// Ownership is per thread: a thread that holds the lock may take it again
+/// (re-entry), and the lock is free once it has released every hold.
+///
+/// Locks taken without a lease ([`lock`](Lock::lock),
+/// [`try_lock`](Lock::try_lock), [`try_lock_for`](Lock::try_lock_for),
+/// [`try_lock_until`](Lock::try_lock_until)) get the client's
+/// `watchdog_timeout` as their lease and are renewed by the client's watchdog
+/// until released. Locks taken with an explicit lease are never renewed.
+#[derive(Clone)]
+pub struct Lock {
+    client: Client,
+    name: String,
+    renew_interval: Option<Duration>,
+}
+
+enum Wait {
+    No,
+    Until(Instant),
+    Forever,
+}
+
+impl Wait {
+    fn after(d: Duration) -> Wait {
+        match Instant::now().checked_add(d) {
+            Some(at) => Wait::Until(at),
+            None => Wait::Forever,
+        }
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        match self {
+            Wait::No => Some(Instant::now()),
+            Wait::Until(at) => Some(*at),
+            Wait::Forever => None,
+        }
+    }
+}
+
+/// What one acquisition asks for.
+struct Terms {
+    lease_ms: u64,
+    /// `Some(interval)` when the watchdog renews the lock.
+    renew: Option<Duration>,
+}
+
+enum Attempt {
+    Acquired(LockGuard),
+    /// The holder's remaining lease (`None`: no lease set).
+    Busy(Option<Duration>),
+}
+
+impl Lock {
+    pub(crate) fn new(client: Client, name: String) -> Lock {
+        Lock {
+            client,
+            name,
+            renew_interval: None,
+        }
+    }
+
+    /// Renews this lock's lease every `interval` instead of every third of
+    /// the lease (the watchdog's default). Only affects acquisitions without
+    /// an explicit lease. Checked when the lock is acquired: the interval must
+    /// be at least [`MIN_RENEW_INTERVAL`] and below the lease.
+    ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+    /// use std::time::Duration;
+    /// let lock = client.lock("orders:42").with_renew_interval(Duration::from_secs(2));
+    /// # Ok(()) }
+    /// ```
+    pub fn with_renew_interval(mut self, interval: Duration) -> Lock {
+        self.renew_interval = Some(interval);
+        self
+    }
+
+    /// The lock's name (the Redis key of its hash).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Acquires the lock, waiting as long as it takes. The watchdog renews it
+    /// until the guard is released.
+    ///
+    /// # Errors
+    ///
+    /// Bad input (empty name, renew interval out of range), or a Redis or pool
+    /// error. A failed call never leaves the lock held in the caller's name.
+    pub fn lock(&self) -> Result<LockGuard> {
+        let terms = self.watchdog_terms()?;
+        self.acquire(Wait::Forever, terms)
+            .map(|g| g.expect("an unbounded wait returns only once acquired"))
+    }
+
+    /// Acquires the lock if it is free (or already held by this thread),
+    /// without waiting. Renewed by the watchdog.
+    ///
+    /// # Errors
+    ///
+    /// As for [`lock`](Lock::lock).
+    pub fn try_lock(&self) -> Result<Option<LockGuard>> {
+        let terms = self.watchdog_terms()?;
+        self.acquire(Wait::No, terms)
+    }
+
+    /// Acquires the lock, waiting at most `wait`; `None` if it stayed busy.
+    /// A `wait` too large to represent means "no deadline". Renewed by the
+    /// watchdog.
+    ///
+    /// # Errors
+    ///
+    /// As for [`lock`](Lock::lock).
+    pub fn try_lock_for(&self, wait: Duration) -> Result<Option<LockGuard>> {
+        let terms = self.watchdog_terms()?;
+        self.acquire(Wait::after(wait), terms)
+    }
+
+    /// Acquires the lock, waiting until `deadline` at the latest; `None` if it
+    /// stayed busy. Renewed by the watchdog.
+    ///
+    /// # Errors
+    ///
+    /// As for [`lock`](Lock::lock).
+    pub fn try_lock_until(&self, deadline: Instant) -> Result<Option<LockGuard>> {
+        let terms = self.watchdog_terms()?;
+        self.acquire(Wait::Until(deadline), terms)
+    }
+
+    /// Acquires the lock with a fixed `lease`, waiting as long as it takes.
+    /// The lease is never renewed: the lock frees itself when it runs out.
+    ///
+    /// # Errors
+    ///
+    /// Bad input (empty name, zero or too long lease), or a Redis or pool
+    /// error.
+    pub fn lock_with_lease(&self, lease: Duration) -> Result<LockGuard> {
+        let terms = self.lease_terms(lease)?;
+        self.acquire(Wait::Forever, terms)
+            .map(|g| g.expect("an unbounded wait returns only once acquired"))
+    }
+
+    /// Acquires the lock with a fixed `lease`, waiting at most `wait`; `None`
+    /// if it stayed busy. The lease is never renewed.
+    ///
+    /// # Errors
+    ///
+    /// As for [`lock_with_lease`](Lock::lock_with_lease).
+    pub fn try_lock_with_lease(&self, wait: Duration, lease: Duration) -> Result<Option<LockGuard>> {
+        let terms = self.lease_terms(lease)?;
+        self.acquire(Wait::after(wait), terms)
+    }
+
+    /// `true` if anyone holds the lock.
+    ///
+    /// # Errors
+    ///
+    /// Empty name, or a Redis or pool error.
+    pub fn is_locked(&self) -> Result<bool> {
+        self.check_name()?;
+        self.client
+            .shared
+            .redis
+            .run(|c| redis::cmd("EXISTS").arg(&self.name).query(c))
+    }
+
+    /// How many times the current thread holds the lock (0 if it does not),
+    /// as Redis records it.
+    ///
+    /// # Errors
+    ///
+    /// Empty name, or a Redis or pool error.
+    pub fn hold_count(&self) -> Result<u32> {
+        self.check_name()?;
+        let field = self.client.shared.owner_field();
+        let n: Option<u32> = self
+            .client
+            .shared
+            .redis
+            .run(|c| redis::cmd("HGET").arg(&self.name).arg(&field).query(c))?;
+        Ok(n.unwrap_or(0))
+    }
+
+    /// `true` if the current thread holds the lock, as Redis records it.
+    ///
+    /// # Errors
+    ///
+    /// Empty name, or a Redis or pool error.
+    pub fn is_held_by_current_thread(&self) -> Result<bool> {
+        self.check_name()?;
+        let field = self.client.shared.owner_field();
+        self.client
+            .shared
+            .redis
+            .run(|c| redis::cmd("HEXISTS").arg(&self.name).arg(&field).query(c))
+    }
+
+    /// The holder's remaining lease: `None` if the lock is free,
+    /// `Some(Duration::MAX)` if it is held without a lease (never the case
+    /// for locks taken by redlease or Redisson).
+    ///
+    /// # Errors
+    ///
+    /// Empty name, or a Redis or pool error.
+    pub fn remaining_lease(&self) -> Result<Option<Duration>> {
+        self.check_name()?;
+        let ms: i64 = self
+            .client
+            .shared
+            .redis
+            .run(|c| redis::cmd("PTTL").arg(&self.name).query(c))?;
+        Ok(match ms {
+            -2 => None,
+            ms if ms < 0 => Some(Duration::MAX),
+            ms => Some(Duration::from_millis(ms.unsigned_abs())),
+        })
+    }
+
+    /// Deletes the lock whoever holds it and wakes a waiter; `true` if it was
+    /// held. The former holder's guards report the loss at their next renewal,
+    /// check or release.
+    ///
+    /// # Errors
+    ///
+    /// Empty name, or a Redis or pool error.
+    pub fn force_unlock(&self) -> Result<bool> {
+        self.check_name()?;
+        let channel = scripts::channel_name(&self.name);
+        let deleted: i64 = self.client.shared.redis.run(|c| {
+            scripts::FORCE_UNLOCK.run(c, 2, |cmd| {
+                cmd.arg(&self.name).arg(&channel);
+            })
+        })?;
+        Ok(deleted == 1)
+    }
+
+    fn check_name(&self) -> Result<()> {
+        if self.name.is_empty() {
+            return Err(Error::invalid("the lock name is empty: give the lock a non-empty name"));
+        }
+        Ok(())
+    }
+
+    fn watchdog_terms(&self) -> Result<Terms> {
+        self.check_name()?;
+        let lease = self.client.shared.watchdog_timeout;
+        let interval = match self.renew_interval {
+            Some(i) => {
+                if i < MIN_RENEW_INTERVAL {
+                    return Err(Error::invalid(format!(
+                        "renew interval {i:?} is below the minimum of {MIN_RENEW_INTERVAL:?}: \
+                         renew less often"
+                    )));
+                }
+                if i >= lease {
+                    return Err(Error::invalid(format!(
+                        "renew interval {i:?} is not below the lease ({lease:?}, the client's \
+                         watchdog_timeout): use an interval well below the lease, e.g. a third"
+                    )));
+                }
+                i
+            }
+            None => (lease / 3).max(MIN_RENEW_INTERVAL),
+        };
+        Ok(Terms {
+            lease_ms: duration_ms(lease),
+            renew: Some(interval),
+        })
+    }
+
+    fn lease_terms(&self, lease: Duration) -> Result<Terms> {
+        self.check_name()?;
+        check_lease("lease", lease)?;
+        Ok(Terms {
+            lease_ms: duration_ms(lease),
+            renew: None,
+        })
+    }
+
+    /// Try; if busy, subscribe to the release channel, then retry and wait
+    /// for a release message or the holder's lease, whichever comes first,
+    /// until the deadline.
+    fn acquire(&self, wait: Wait, terms: Terms) -> Result<Option<LockGuard>> {
+        let deadline = wait.deadline();
+        if let Attempt::Acquired(g) = self.attempt(&terms)? {
+            return Ok(Some(g));
+        }
+        if matches!(wait, Wait::No) || deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(None);
+        }
+        let shared = &self.client.shared;
+        let channel = scripts::channel_name(&self.name);
+        let subscription = shared.pubsub.subscribe(&channel, deadline)?;
+        loop {
+            let ttl = match self.attempt(&terms)? {
+                Attempt::Acquired(g) => return Ok(Some(g)),
+                Attempt::Busy(ttl) => ttl,
+            };
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Ok(None);
+            }
+            // Bounded by the holder's lease: a crashed holder publishes
+            // nothing, but its lease runs out.
+            let ttl = ttl.unwrap_or(NO_TTL_RECHECK).max(Duration::from_millis(1));
+            let mut until = now.checked_add(ttl).unwrap_or(now + NO_TTL_RECHECK);
+            if let Some(d) = deadline {
+                until = until.min(d);
+            }
+            subscription.wait_until(until);
+        }
+    }
+
+    /// One acquire script call; registers the hold before returning a guard.
+    fn attempt(&self, terms: &Terms) -> Result<Attempt> {
+        let shared = &self.client.shared;
+        let existing = current_hold(shared.id, &self.name);
+        let field = existing
+            .as_ref()
+            .map_or_else(|| shared.owner_field(), |h| h.field.clone());
+        let held = existing.as_ref().map_or(0, |h| h.count());
+        let cancel_key = scripts::acquire_cancel_name(&self.name, &shared.request_id(&field));
+        let sent = Instant::now();
+        let reply: Result<Option<i64>> = shared.redis.run(|c| {
+            scripts::ACQUIRE.run(c, 2, |cmd| {
+                cmd.arg(&self.name)
+                    .arg(&cancel_key)
+                    .arg(terms.lease_ms)
+                    .arg(&field)
+                    .arg(held + 1);
+            })
+        });
+        match reply {
+            Ok(None) => {}
+            Ok(Some(ttl)) if ttl >= 0 => {
+                return Ok(Attempt::Busy(Some(Duration::from_millis(ttl.unsigned_abs()))))
+            }
+            Ok(Some(_)) => return Ok(Attempt::Busy(None)),
+            Err(e) => {
+                if e.is_connection_error() {
+                    self.cancel(&cancel_key, &field, held, terms.lease_ms);
+                }
+                return Err(e);
+            }
+        }
+        let hold = existing.unwrap_or_else(|| {
+            let hold = Arc::new(Hold::new(shared.id, &self.name, field));
+            insert_hold(&hold);
+            hold
+        });
+        hold.acquired(sent, terms.lease_ms);
+        let guard = LockGuard::new(self.client.clone(), Arc::clone(&hold));
+        if let Some(interval) = terms.renew {
+            if hold.start_watch() {
+                // The guard releases the lock if the watchdog cannot start.
+                shared
+                    .watchdog
+                    .watch(&hold, interval, terms.lease_ms)
+                    .map_err(|e| Error::Pool(format!("cannot start the watchdog thread: {e}")))?;
+            }
+        }
+        Ok(Attempt::Acquired(guard))
+    }
+
+    /// The acquire's reply was lost: it may have run. Undo it (and make a copy
+    /// still on its way a no-op) so that a caller told "failed" does not hold
+    /// the lock. If Redis cannot be reached either, the lease runs out.
+    fn cancel(&self, cancel_key: &str, field: &str, held: u32, lease_ms: u64) {
+        let shared = &self.client.shared;
+        let channel = scripts::channel_name(&self.name);
+        let result: Result<i64> = shared.redis.run(|c| {
+            scripts::CANCEL_ACQUIRE.run(c, 3, |cmd| {
+                cmd.arg(&self.name)
+                    .arg(&channel)
+                    .arg(cancel_key)
+                    .arg(field)
+                    .arg(held)
+                    .arg(lease_ms)
+                    .arg(shared.latch_ttl_ms());
+            })
+        });
+        match result {
+            Ok(1) => log::info!("redlease: undid an acquisition of {:?} whose reply was lost", self.name),
+            Ok(_) => {}
+            Err(e) => log::warn!(
+                "redlease: could not undo a possibly applied acquisition of {:?} ({e}); \
+                 its lease ({lease_ms} ms) frees it",
+                self.name
+            ),
+        }
+    }
+}
+
+pub(crate) fn duration_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Checks a lease-like duration: at least 1 ms, at most [`MAX_LEASE`].
+pub(crate) fn check_lease(what: &str, d: Duration) -> Result<()> {
+    if d < Duration::from_millis(1) {
+        return Err(Error::invalid(format!(
+            "{what} is {d:?}: use at least 1 ms (Redis leases are whole milliseconds)"
+        )));
+    }
+    if d > MAX_LEASE {
+        return Err(Error::invalid(format!(
+            "{what} of {d:?} is too long: use at most {MAX_LEASE:?}"
+        )));
+    }
+    Ok(())
+}
+
+impl fmt::Debug for Lock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lock")
+            .field("name", &self.name)
+            .field("renew_interval", &self.renew_interval)
+            .finish()
+    }
+}

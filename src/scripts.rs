@@ -1,0 +1,116 @@
+//! The Lua scripts (one `.lua` file each, next to this module), how they are
+//! run (EVALSHA, falling back to EVAL on NOSCRIPT: still one round trip), and
+//! the Redis key names of the Redisson layout.
+
+use std::sync::LazyLock;
+
+use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, ServerErrorKind};
+
+/// A Lua script and its SHA1.
+pub(crate) struct Lua {
+    source: &'static str,
+    sha: LazyLock<String>,
+}
+
+macro_rules! lua {
+    ($name:ident, $file:literal) => {
+        pub(crate) static $name: Lua = Lua {
+            source: include_str!($file),
+            sha: LazyLock::new(|| redis::Script::new(include_str!($file)).get_hash().to_owned()),
+        };
+    };
+}
+
+lua!(ACQUIRE, "scripts/acquire.lua");
+lua!(RELEASE, "scripts/release.lua");
+lua!(CANCEL_ACQUIRE, "scripts/cancel_acquire.lua");
+lua!(FORCE_UNLOCK, "scripts/force_unlock.lua");
+lua!(RENEW, "scripts/renew.lua");
+
+impl Lua {
+    /// The EVALSHA command; `fill` appends the keys, then the arguments.
+    pub(crate) fn evalsha(&self, num_keys: usize, fill: impl Fn(&mut Cmd)) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.sha.as_str()).arg(num_keys);
+        fill(&mut cmd);
+        cmd
+    }
+
+    /// The EVAL command carrying the source (loads the script as it runs).
+    pub(crate) fn eval(&self, num_keys: usize, fill: impl Fn(&mut Cmd)) -> Cmd {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(self.source).arg(num_keys);
+        fill(&mut cmd);
+        cmd
+    }
+
+    /// Runs the script in one round trip (two only right after Redis lost its
+    /// script cache, e.g. on a restart).
+    pub(crate) fn run<T: FromRedisValue>(
+        &self,
+        conn: &mut redis::Connection,
+        num_keys: usize,
+        fill: impl Fn(&mut Cmd),
+    ) -> RedisResult<T> {
+        match self.evalsha(num_keys, &fill).query(conn) {
+            Err(e) if is_noscript(&e) => self.eval(num_keys, &fill).query(conn),
+            other => other,
+        }
+    }
+}
+
+pub(crate) fn is_noscript(e: &redis::RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
+/// Redisson's `prefixName`: `<prefix>:{<name>}`, or `<prefix>:<name>` when the
+/// name already carries a hash tag. Keeps related keys in the lock's slot and
+/// matches Redisson byte for byte.
+pub(crate) fn prefix_name(prefix: &str, name: &str) -> String {
+    if name.contains('{') {
+        format!("{prefix}:{name}")
+    } else {
+        format!("{prefix}:{{{name}}}")
+    }
+}
+
+/// The channel a full release publishes on (Redisson's).
+pub(crate) fn channel_name(name: &str) -> String {
+    prefix_name("redisson_lock__channel", name)
+}
+
+/// The latch key of one release request (Redisson's scheme).
+pub(crate) fn unlock_latch_name(name: &str, request_id: &str) -> String {
+    format!("{}:{request_id}", prefix_name("redisson_unlock_latch", name))
+}
+
+/// The cancel marker of one acquire request (redlease's own).
+pub(crate) fn acquire_cancel_name(name: &str, request_id: &str) -> String {
+    format!("{}:{request_id}", prefix_name("redlease_acquire_cancel", name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_redisson() {
+        assert_eq!(channel_name("orders:42"), "redisson_lock__channel:{orders:42}");
+        assert_eq!(channel_name("a{b}c"), "redisson_lock__channel:a{b}c");
+        assert_eq!(
+            unlock_latch_name("x", "id-1"),
+            "redisson_unlock_latch:{x}:id-1"
+        );
+    }
+
+    #[test]
+    fn scripts_have_distinct_hashes() {
+        let shas = [&ACQUIRE, &RELEASE, &CANCEL_ACQUIRE, &FORCE_UNLOCK, &RENEW].map(|l| l.sha.as_str());
+        for (i, a) in shas.iter().enumerate() {
+            assert_eq!(a.len(), 40);
+            for b in &shas[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+    }
+}

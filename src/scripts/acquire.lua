@@ -1,0 +1,17 @@
+-- Acquire or re-enter a reentrant lock (Redisson RLock layout).
+-- KEYS[1] lock hash          KEYS[2] cancel marker of this request
+-- ARGV[1] lease in ms        ARGV[2] owner field <client-uuid>:<thread-id>
+-- ARGV[3] hold count after this acquisition (the caller's local count + 1)
+-- Returns nil when acquired, -3 when the caller already cancelled this request,
+-- else the holder's remaining TTL in ms (PTTL; -1 if the holder set no lease).
+-- The count is written absolutely (HSET, not HINCRBY), so running the same
+-- request twice after a lost reply cannot count one acquisition twice.
+if redis.call('exists', KEYS[2]) == 1 then
+    return -3
+end
+if (redis.call('exists', KEYS[1]) == 0) or (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then
+    redis.call('hset', KEYS[1], ARGV[2], ARGV[3])
+    redis.call('pexpire', KEYS[1], ARGV[1])
+    return nil
+end
+return redis.call('pttl', KEYS[1])

@@ -1,0 +1,24 @@
+-- Release one hold of a reentrant lock (Redisson RLock layout).
+-- KEYS[1] lock hash   KEYS[2] release channel   KEYS[3] unlock latch of this request
+-- ARGV[1] owner field ARGV[2] holds left after this release (0 = full release)
+-- ARGV[3] lease in ms (re-applied while holds remain)   ARGV[4] latch TTL in ms
+-- Returns nil when the field is gone (not held: expired or deleted), 0 when
+-- holds remain, 1 when the lock was deleted and one waiter per process woken.
+-- A retry of the same request (same latch) returns the first answer again, so
+-- a release whose reply was lost is never applied twice nor reported "not held".
+local done = redis.call('get', KEYS[3])
+if done then
+    return tonumber(done)
+end
+if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
+    return nil
+end
+if tonumber(ARGV[2]) > 0 then
+    redis.call('hset', KEYS[1], ARGV[1], ARGV[2])
+    redis.call('pexpire', KEYS[1], ARGV[3])
+    return 0
+end
+redis.call('del', KEYS[1])
+redis.call('publish', KEYS[2], 0)
+redis.call('set', KEYS[3], 1, 'px', ARGV[4])
+return 1

@@ -1,0 +1,319 @@
+//! The renewal scheduler (`redlease-watchdog`): one thread per client keeps
+//! every watched lock alive, whatever their number.
+//!
+//! Entries sit in a min-heap by due time, each with its own interval and
+//! lease. A wake-up takes every entry that is due, plus those due within their
+//! slack (a tenth of their interval), and renews them all in one round trip: a
+//! pipeline of multi-key renewal scripts of at most [`CHUNK`] locks each. An
+//! entry is keyed by its [`Hold`] (the lock and owner), which re-entries
+//! share; the heap holds it weakly, so a released hold simply falls out.
+//!
+//! Renewal result 0 (the key or our field is gone) marks the hold lost at
+//! once. A renewal that fails on the connection is retried every
+//! [`RETRY_DELAY`] (or sooner, per interval) until the last confirmed renewal
+//! plus the lease has passed; then the hold is lost. Nothing is locked across
+//! the round trip.
+
+use std::cmp::{Ordering as CmpOrdering, Reverse};
+use std::collections::BinaryHeap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::connection::Redis;
+use crate::guard::Hold;
+use crate::scripts;
+
+/// Locks per renewal script call; a pipeline carries as many calls as needed.
+pub(crate) const CHUNK: usize = 1000;
+/// Upper bound on the wait between retries of a failed renewal.
+pub(crate) const RETRY_DELAY: Duration = Duration::from_millis(250);
+
+pub(crate) type LostCallback = Arc<dyn Fn(&str) + Send + Sync + 'static>;
+
+struct Due {
+    at: Instant,
+    seq: u64,
+    interval: Duration,
+    lease_ms: u64,
+    hold: Weak<Hold>,
+}
+
+impl PartialEq for Due {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for Due {}
+impl PartialOrd for Due {
+    fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Due {
+    fn cmp(&self, other: &Self) -> CmpOrdering {
+        (self.at, self.seq).cmp(&(other.at, other.seq))
+    }
+}
+
+struct State {
+    heap: BinaryHeap<Reverse<Due>>,
+    seq: u64,
+    started: bool,
+    shutdown: bool,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) round_trips: AtomicU64,
+    pub(crate) renewals: AtomicU64,
+    pub(crate) lost: AtomicU64,
+}
+
+struct Inner {
+    redis: Arc<Redis>,
+    on_lost: Option<LostCallback>,
+    state: Mutex<State>,
+    wake: Condvar,
+    counters: Counters,
+}
+
+/// The client's handle on the scheduler; stops the thread on drop.
+pub(crate) struct Watchdog {
+    inner: Arc<Inner>,
+}
+
+struct Renewal {
+    hold: Arc<Hold>,
+    interval: Duration,
+    lease_ms: u64,
+}
+
+impl Watchdog {
+    pub(crate) fn new(redis: Arc<Redis>, on_lost: Option<LostCallback>) -> Watchdog {
+        Watchdog {
+            inner: Arc::new(Inner {
+                redis,
+                on_lost,
+                state: Mutex::new(State {
+                    heap: BinaryHeap::new(),
+                    seq: 0,
+                    started: false,
+                    shutdown: false,
+                }),
+                wake: Condvar::new(),
+                counters: Counters::default(),
+            }),
+        }
+    }
+
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.inner.counters
+    }
+
+    /// Entries in the schedule (released ones linger until their due time).
+    pub(crate) fn scheduled(&self) -> usize {
+        self.inner.state.lock().heap.len()
+    }
+
+    /// Starts renewing `hold` every `interval` with `lease_ms`.
+    ///
+    /// # Errors
+    ///
+    /// Only if the watchdog thread cannot be spawned.
+    pub(crate) fn watch(
+        &self,
+        hold: &Arc<Hold>,
+        interval: Duration,
+        lease_ms: u64,
+    ) -> std::io::Result<()> {
+        let spawn = {
+            let mut st = self.inner.state.lock();
+            let due = Instant::now() + interval;
+            let earliest = st.heap.peek().is_none_or(|Reverse(d)| due < d.at);
+            st.seq += 1;
+            let seq = st.seq;
+            st.heap.push(Reverse(Due {
+                at: due,
+                seq,
+                interval,
+                lease_ms,
+                hold: Arc::downgrade(hold),
+            }));
+            if earliest {
+                self.inner.wake.notify_one();
+            }
+            !std::mem::replace(&mut st.started, true)
+        };
+        if spawn {
+            let inner = Arc::clone(&self.inner);
+            let spawned = std::thread::Builder::new()
+                .name("redlease-watchdog".into())
+                .spawn(move || inner.run());
+            if let Err(e) = spawned {
+                self.inner.state.lock().started = false;
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.inner.state.lock().shutdown = true;
+        self.inner.wake.notify_all();
+    }
+}
+
+impl Inner {
+    fn run(self: Arc<Self>) {
+        while let Some(batch) = self.next_batch() {
+            if !batch.is_empty() {
+                self.renew(batch);
+            }
+        }
+        log::debug!("redlease-watchdog: stopped");
+    }
+
+    /// Sleeps until something is due; takes what is due (within slack).
+    /// `None` on shutdown.
+    fn next_batch(&self) -> Option<Vec<Renewal>> {
+        let mut st = self.state.lock();
+        loop {
+            if st.shutdown {
+                return None;
+            }
+            let next = st.heap.peek().map(|Reverse(d)| d.at);
+            match next {
+                None => self.wake.wait(&mut st),
+                Some(at) if at > Instant::now() => {
+                    self.wake.wait_until(&mut st, at);
+                }
+                Some(_) => break,
+            }
+        }
+        let now = Instant::now();
+        let mut batch = Vec::new();
+        while let Some(Reverse(d)) = st.heap.peek() {
+            if d.at > now + d.interval / 10 {
+                break;
+            }
+            let Some(Reverse(d)) = st.heap.pop() else {
+                break;
+            };
+            if let Some(hold) = d.hold.upgrade().filter(|h| h.is_active()) {
+                batch.push(Renewal {
+                    hold,
+                    interval: d.interval,
+                    lease_ms: d.lease_ms,
+                });
+            }
+        }
+        Some(batch)
+    }
+
+    fn renew(&self, batch: Vec<Renewal>) {
+        let sent = Instant::now();
+        self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
+        let result = self.redis.run(|conn| renew_batch(conn, &batch));
+        let mut again = Vec::with_capacity(batch.len());
+        match result {
+            Ok(flags) => {
+                log::debug!("redlease-watchdog: renewed {} leases", batch.len());
+                for (r, renewed) in batch.into_iter().zip(flags) {
+                    if renewed {
+                        self.counters.renewals.fetch_add(1, Ordering::Relaxed);
+                        r.hold.confirm(sent, r.lease_ms);
+                        again.push((sent + r.interval, r));
+                    } else {
+                        self.lose(&r.hold, "its key or owner field is gone from redis");
+                    }
+                }
+            }
+            Err(e) => {
+                let now = Instant::now();
+                log::warn!(
+                    "redlease-watchdog: renewing {} leases failed: {e}; retrying",
+                    batch.len()
+                );
+                for r in batch {
+                    if now >= r.hold.valid_until() {
+                        self.lose(&r.hold, "it could not be renewed before its lease ran out");
+                    } else {
+                        let retry = RETRY_DELAY.min(r.interval);
+                        again.push((now + retry, r));
+                    }
+                }
+            }
+        }
+        if again.is_empty() {
+            return;
+        }
+        let mut st = self.state.lock();
+        for (at, r) in again {
+            st.seq += 1;
+            let seq = st.seq;
+            st.heap.push(Reverse(Due {
+                at,
+                seq,
+                interval: r.interval,
+                lease_ms: r.lease_ms,
+                hold: Arc::downgrade(&r.hold),
+            }));
+        }
+    }
+
+    fn lose(&self, hold: &Hold, why: &str) {
+        if !hold.mark_lost() {
+            return;
+        }
+        self.counters.lost.fetch_add(1, Ordering::Relaxed);
+        log::error!("redlease: lock {:?} was lost: {why}", hold.name);
+        if let Some(cb) = &self.on_lost {
+            if catch_unwind(AssertUnwindSafe(|| cb(&hold.name))).is_err() {
+                log::error!("redlease: the on_lock_lost callback panicked");
+            }
+        }
+    }
+}
+
+/// One round trip: a pipeline of renewal scripts, [`CHUNK`] locks each.
+/// Grouping by connection target (Redis Cluster node / slot) goes in front of
+/// this function; it renews what it is given on one connection.
+fn renew_batch(conn: &mut redis::Connection, batch: &[Renewal]) -> redis::RedisResult<Vec<bool>> {
+    let build = |eval: bool| {
+        let mut pipe = redis::pipe();
+        for chunk in batch.chunks(CHUNK) {
+            let fill = |cmd: &mut redis::Cmd| {
+                for r in chunk {
+                    cmd.arg(&r.hold.name);
+                }
+                for r in chunk {
+                    cmd.arg(&r.hold.field).arg(r.lease_ms);
+                }
+            };
+            pipe.add_command(if eval {
+                scripts::RENEW.eval(chunk.len(), fill)
+            } else {
+                scripts::RENEW.evalsha(chunk.len(), fill)
+            });
+        }
+        pipe
+    };
+    let replies: Vec<Vec<i64>> = match build(false).query(conn) {
+        Err(e) if scripts::is_noscript(&e) => build(true).query(conn)?,
+        other => other?,
+    };
+    let flags: Vec<bool> = replies.into_iter().flatten().map(|r| r == 1).collect();
+    if flags.len() != batch.len() {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::Parse,
+            "renewal reply has the wrong length",
+        )));
+    }
+    Ok(flags)
+}
