@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::connection::{Manager, Redis};
+use crate::connection::{Manager, Redis, WarnOnError};
 use crate::error::{Error, Result};
 use crate::lock::{check_lease, duration_ms, Lock, MIN_RENEW_INTERVAL};
 use crate::pubsub::{PubSub, Target};
@@ -283,6 +283,7 @@ impl ClientBuilder {
             .min_idle(Some(1))
             .connection_timeout(self.connection_timeout)
             .test_on_check_out(true)
+            .error_handler(Box::new(WarnOnError))
             .build(manager)
             .map_err(Error::pool)?;
         let redis = Arc::new(Redis::new(pool, epoch));

@@ -13,7 +13,6 @@ use crate::error::{Error, Result};
 pub(crate) struct Conn {
     pub(crate) inner: redis::Connection,
     epoch: u64,
-    used: bool,
 }
 
 /// Counters the connection layer keeps (see [`crate::ClientStats`]).
@@ -98,7 +97,6 @@ impl r2d2::ManageConnection for Manager {
         Ok(Conn {
             inner,
             epoch,
-            used: false,
         })
     }
 
@@ -135,11 +133,10 @@ impl Redis {
     /// Runs `op` on a pooled connection, one round trip as far as `op` goes.
     ///
     /// A connection failure marks every pooled connection made before it as
-    /// stale. If the connection was an idle one from the pool and it turned out
-    /// dropped (Redis restarted, the link was cut), `op` is run once more on a
-    /// new connection: every operation of redlease is safe to repeat (see the
-    /// scripts). Timeouts are not retried, so a call never waits past one
-    /// response timeout per attempt.
+    /// stale. If the connection turned out dropped (Redis restarted, the link
+    /// was cut), `op` is run once more on a new connection: every operation of
+    /// redlease is safe to repeat (see the scripts). Timeouts are not retried,
+    /// so a call never waits for more than one response timeout.
     pub(crate) fn run<T>(
         &self,
         mut op: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
@@ -147,15 +144,13 @@ impl Redis {
         let mut retried = false;
         loop {
             let mut conn = self.pool.get().map_err(Error::pool)?;
-            let reused = conn.used;
-            conn.used = true;
             self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
             match op(&mut conn.inner) {
                 Ok(v) => return Ok(v),
                 Err(e) => {
                     if is_connection_failure(&e) {
                         self.mark_failure(&mut conn);
-                        if reused && !retried && e.is_connection_dropped() && !e.is_timeout() {
+                        if !retried && e.is_connection_dropped() && !e.is_timeout() {
                             log::debug!("redis connection dropped ({e}); retrying on a new one");
                             retried = true;
                             continue;
@@ -180,4 +175,15 @@ impl Redis {
 
 fn is_connection_failure(e: &redis::RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.is_unrecoverable_error()
+}
+
+/// Logs the pool's failures to connect at `warn` (r2d2's default is `error`):
+/// the pool keeps retrying, and calls report their own errors.
+#[derive(Debug)]
+pub(crate) struct WarnOnError;
+
+impl r2d2::HandleError<ManagerError> for WarnOnError {
+    fn handle_error(&self, error: ManagerError) {
+        log::warn!("redlease: cannot connect to redis: {error}");
+    }
 }

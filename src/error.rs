@@ -70,6 +70,14 @@ impl Error {
         }
     }
 
+    /// The request may have reached Redis and run, though no reply came.
+    pub(crate) fn maybe_applied(&self) -> bool {
+        match self {
+            Error::Redis(e) => e.is_io_error() || e.is_connection_dropped() || e.is_timeout(),
+            _ => false,
+        }
+    }
+
     pub(crate) fn invalid(msg: impl Into<String>) -> Error {
         Error::InvalidArgument(msg.into())
     }

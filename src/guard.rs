@@ -100,47 +100,176 @@ impl Hold {
     }
 }
 
-thread_local! {
-    /// This thread's holds: client id -> lock name -> hold. Only the owning
-    /// thread re-enters or releases a hold, so no lock is needed.
-    static HOLDS: RefCell<HashMap<u64, HashMap<String, Arc<Hold>>>> = RefCell::new(HashMap::new());
+/// An acquisition whose reply was lost: it may have run on Redis. The
+/// watchdog thread undoes it (cancel_acquire.lua); until that is confirmed,
+/// every later acquire or release of the same owner on the same lock sets its
+/// marker atomically, so the undo can never hit a later, legitimate hold.
+pub(crate) struct PendingCancel {
+    pub(crate) name: String,
+    pub(crate) field: String,
+    /// The request's cancel marker key.
+    pub(crate) marker: String,
+    /// How long the marker lives once set (ms).
+    pub(crate) marker_ms: u64,
+    /// The owner's hold count when it sent the request.
+    pub(crate) held: u32,
+    /// The lease the request asked for (ms).
+    pub(crate) lease_ms: u64,
+    /// After this, a copy of the request that ran has expired by itself.
+    pub(crate) expires: Instant,
+    done: AtomicBool,
 }
 
-/// The hold this thread has on `name` through client `client_id`, if active.
-pub(crate) fn current_hold(client_id: u64, name: &str) -> Option<Arc<Hold>> {
-    HOLDS
-        .try_with(|h| {
-            h.borrow()
-                .get(&client_id)
-                .and_then(|m| m.get(name))
-                .filter(|hold| hold.is_active())
-                .cloned()
+impl PendingCancel {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        name: &str,
+        field: &str,
+        marker: String,
+        marker_ms: u64,
+        held: u32,
+        lease_ms: u64,
+        sent: Instant,
+    ) -> PendingCancel {
+        let expires = sent
+            .checked_add(Duration::from_millis(lease_ms))
+            .unwrap_or_else(|| sent + Duration::from_secs(100 * 365 * 24 * 3600));
+        PendingCancel {
+            name: name.to_owned(),
+            field: field.to_owned(),
+            marker,
+            marker_ms,
+            held,
+            lease_ms,
+            expires,
+            done: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_done(&self) {
+        self.done.store(true, Ordering::Release);
+    }
+}
+
+/// What this thread has of one lock through one client.
+#[derive(Default)]
+struct Slot {
+    hold: Option<Arc<Hold>>,
+    pending: Vec<Arc<PendingCancel>>,
+}
+
+thread_local! {
+    /// This thread's holds: client id -> lock name -> slot. Only the owning
+    /// thread re-enters or releases a hold, so no lock is needed.
+    static SLOTS: RefCell<HashMap<u64, HashMap<String, Slot>>> = RefCell::new(HashMap::new());
+}
+
+fn with_slot<R>(client_id: u64, name: &str, f: impl FnOnce(Option<&mut Slot>) -> R) -> Option<R> {
+    SLOTS
+        .try_with(|s| {
+            let mut s = s.borrow_mut();
+            f(s.get_mut(&client_id).and_then(|m| m.get_mut(name)))
         })
         .ok()
-        .flatten()
+}
+
+fn with_slot_or_insert(client_id: u64, name: &str, f: impl FnOnce(&mut Slot)) {
+    let _ = SLOTS.try_with(|s| {
+        let mut s = s.borrow_mut();
+        let m = s.entry(client_id).or_default();
+        if !m.contains_key(name) {
+            m.insert(name.to_owned(), Slot::default());
+        }
+        if let Some(slot) = m.get_mut(name) {
+            f(slot);
+        }
+    });
+}
+
+fn prune(client_id: u64, name: &str) {
+    let _ = SLOTS.try_with(|s| {
+        let mut s = s.borrow_mut();
+        if let Some(m) = s.get_mut(&client_id) {
+            if m.get(name).is_some_and(|slot| slot.hold.is_none() && slot.pending.is_empty()) {
+                m.remove(name);
+            }
+            if m.is_empty() {
+                s.remove(&client_id);
+            }
+        }
+    });
+}
+
+/// The active hold this thread has on `name` through client `client_id`, and
+/// the lost acquisitions whose undo is not confirmed yet.
+pub(crate) fn owner_state(
+    client_id: u64,
+    name: &str,
+) -> (Option<Arc<Hold>>, Vec<Arc<PendingCancel>>) {
+    with_slot(client_id, name, |slot| match slot {
+        None => (None, Vec::new()),
+        Some(slot) => {
+            slot.pending.retain(|p| !p.is_done());
+            (
+                slot.hold.clone().filter(|h| h.is_active()),
+                slot.pending.clone(),
+            )
+        }
+    })
+    .unwrap_or_default()
+}
+
+fn pending_cancels(client_id: u64, name: &str) -> Vec<Arc<PendingCancel>> {
+    with_slot(client_id, name, |slot| {
+        slot.map(|slot| {
+            slot.pending.retain(|p| !p.is_done());
+            slot.pending.clone()
+        })
+    })
+    .flatten()
+    .unwrap_or_default()
 }
 
 pub(crate) fn insert_hold(hold: &Arc<Hold>) {
-    let _ = HOLDS.try_with(|h| {
-        h.borrow_mut()
-            .entry(hold.client_id)
-            .or_default()
-            .insert(hold.name.clone(), Arc::clone(hold));
+    with_slot_or_insert(hold.client_id, &hold.name, |slot| {
+        slot.hold = Some(Arc::clone(hold));
     });
 }
 
 fn remove_hold(hold: &Arc<Hold>) {
-    let _ = HOLDS.try_with(|h| {
-        let mut h = h.borrow_mut();
-        if let Some(m) = h.get_mut(&hold.client_id) {
-            if m.get(&hold.name).is_some_and(|x| Arc::ptr_eq(x, hold)) {
-                m.remove(&hold.name);
-            }
-            if m.is_empty() {
-                h.remove(&hold.client_id);
+    with_slot(hold.client_id, &hold.name, |slot| {
+        if let Some(slot) = slot {
+            if slot.hold.as_ref().is_some_and(|x| Arc::ptr_eq(x, hold)) {
+                slot.hold = None;
             }
         }
     });
+    prune(hold.client_id, &hold.name);
+}
+
+pub(crate) fn add_pending(client_id: u64, cancel: &Arc<PendingCancel>) {
+    with_slot_or_insert(client_id, &cancel.name, |slot| {
+        slot.pending.push(Arc::clone(cancel));
+    });
+}
+
+/// The markers of `cancels` are now set on Redis: nothing left to undo.
+pub(crate) fn settle(client_id: u64, cancels: &[Arc<PendingCancel>]) {
+    for c in cancels {
+        c.set_done();
+    }
+    if let Some(first) = cancels.first() {
+        with_slot(client_id, &first.name, |slot| {
+            if let Some(slot) = slot {
+                slot.pending.retain(|p| !p.is_done());
+            }
+        });
+        prune(client_id, &first.name);
+    }
 }
 
 /// A held lock. Dropping it releases one hold (the lock is free once every
@@ -244,17 +373,23 @@ impl LockGuard {
         let latch = scripts::unlock_latch_name(&hold.name, &shared.request_id(&hold.field));
         let lease_ms = hold.lease_ms.load(Ordering::Acquire);
         let latch_ms = shared.latch_ttl_ms();
+        let pending = pending_cancels(hold.client_id, &hold.name);
         let reply: Option<i64> = shared.redis.run(|conn| {
-            scripts::RELEASE.run(conn, 3, |cmd| {
-                cmd.arg(&hold.name)
-                    .arg(&channel)
-                    .arg(&latch)
-                    .arg(&hold.field)
+            scripts::RELEASE.run(conn, 3 + pending.len(), |cmd| {
+                cmd.arg(&hold.name).arg(&channel).arg(&latch);
+                for p in &pending {
+                    cmd.arg(&p.marker);
+                }
+                cmd.arg(&hold.field)
                     .arg(left)
                     .arg(lease_ms)
                     .arg(latch_ms);
+                for p in &pending {
+                    cmd.arg(p.marker_ms);
+                }
             })
         })?;
+        settle(hold.client_id, &pending);
         match reply {
             Some(_) => Ok(()),
             None => {

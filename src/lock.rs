@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::client::Client;
 use crate::error::{Error, Result};
-use crate::guard::{current_hold, insert_hold, Hold, LockGuard};
+use crate::guard::{add_pending, insert_hold, owner_state, settle, Hold, LockGuard, PendingCancel};
 use crate::scripts;
 
 /// The shortest renewal interval the watchdog accepts. Renewing thousands of
@@ -341,34 +341,54 @@ impl Lock {
     /// One acquire script call; registers the hold before returning a guard.
     fn attempt(&self, terms: &Terms) -> Result<Attempt> {
         let shared = &self.client.shared;
-        let existing = current_hold(shared.id, &self.name);
+        let (existing, pending) = owner_state(shared.id, &self.name);
         let field = existing
             .as_ref()
             .map_or_else(|| shared.owner_field(), |h| h.field.clone());
         let held = existing.as_ref().map_or(0, |h| h.count());
-        let cancel_key = scripts::acquire_cancel_name(&self.name, &shared.request_id(&field));
+        let marker = scripts::acquire_cancel_name(&self.name, &shared.request_id(&field));
         let sent = Instant::now();
         let reply: Result<Option<i64>> = shared.redis.run(|c| {
-            scripts::ACQUIRE.run(c, 2, |cmd| {
-                cmd.arg(&self.name)
-                    .arg(&cancel_key)
-                    .arg(terms.lease_ms)
-                    .arg(&field)
-                    .arg(held + 1);
+            scripts::ACQUIRE.run(c, 2 + pending.len(), |cmd| {
+                cmd.arg(&self.name).arg(&marker);
+                for p in &pending {
+                    cmd.arg(&p.marker);
+                }
+                cmd.arg(terms.lease_ms).arg(&field).arg(held + 1);
+                for p in &pending {
+                    cmd.arg(p.marker_ms);
+                }
             })
         });
-        match reply {
-            Ok(None) => {}
-            Ok(Some(ttl)) if ttl >= 0 => {
-                return Ok(Attempt::Busy(Some(Duration::from_millis(ttl.unsigned_abs()))))
-            }
-            Ok(Some(_)) => return Ok(Attempt::Busy(None)),
+        let reply = match reply {
+            Ok(reply) => reply,
             Err(e) => {
-                if e.is_connection_error() {
-                    self.cancel(&cancel_key, &field, held, terms.lease_ms);
+                if e.maybe_applied() {
+                    // The request may have run: undo it in the background
+                    // (this call stays within its response timeout) and carry
+                    // its marker in this owner's next operations until then.
+                    let cancel = Arc::new(PendingCancel::new(
+                        &self.name,
+                        &field,
+                        marker,
+                        terms.lease_ms.saturating_add(shared.latch_ttl_ms()),
+                        held,
+                        terms.lease_ms,
+                        sent,
+                    ));
+                    add_pending(shared.id, &cancel);
+                    shared.watchdog.cancel(cancel);
                 }
                 return Err(e);
             }
+        };
+        settle(shared.id, &pending);
+        match reply {
+            None => {}
+            Some(ttl) if ttl >= 0 => {
+                return Ok(Attempt::Busy(Some(Duration::from_millis(ttl.unsigned_abs()))))
+            }
+            Some(_) => return Ok(Attempt::Busy(None)),
         }
         let hold = existing.unwrap_or_else(|| {
             let hold = Arc::new(Hold::new(shared.id, &self.name, field));
@@ -387,34 +407,6 @@ impl Lock {
             }
         }
         Ok(Attempt::Acquired(guard))
-    }
-
-    /// The acquire's reply was lost: it may have run. Undo it (and make a copy
-    /// still on its way a no-op) so that a caller told "failed" does not hold
-    /// the lock. If Redis cannot be reached either, the lease runs out.
-    fn cancel(&self, cancel_key: &str, field: &str, held: u32, lease_ms: u64) {
-        let shared = &self.client.shared;
-        let channel = scripts::channel_name(&self.name);
-        let result: Result<i64> = shared.redis.run(|c| {
-            scripts::CANCEL_ACQUIRE.run(c, 3, |cmd| {
-                cmd.arg(&self.name)
-                    .arg(&channel)
-                    .arg(cancel_key)
-                    .arg(field)
-                    .arg(held)
-                    .arg(lease_ms)
-                    .arg(shared.latch_ttl_ms());
-            })
-        });
-        match result {
-            Ok(1) => log::info!("redlease: undid an acquisition of {:?} whose reply was lost", self.name),
-            Ok(_) => {}
-            Err(e) => log::warn!(
-                "redlease: could not undo a possibly applied acquisition of {:?} ({e}); \
-                 its lease ({lease_ms} ms) frees it",
-                self.name
-            ),
-        }
     }
 }
 

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use crate::connection::Redis;
-use crate::guard::Hold;
+use crate::guard::{Hold, PendingCancel};
 use crate::scripts;
 
 /// Locks per renewal script call; a pipeline carries as many calls as needed.
@@ -61,6 +61,8 @@ impl Ord for Due {
 
 struct State {
     heap: BinaryHeap<Reverse<Due>>,
+    /// Lost acquisitions to undo, with the time of their next try.
+    cancels: Vec<(Instant, Arc<PendingCancel>)>,
     seq: u64,
     started: bool,
     shutdown: bool,
@@ -100,6 +102,7 @@ impl Watchdog {
                 on_lost,
                 state: Mutex::new(State {
                     heap: BinaryHeap::new(),
+                    cancels: Vec::new(),
                     seq: 0,
                     started: false,
                     shutdown: false,
@@ -130,8 +133,7 @@ impl Watchdog {
         interval: Duration,
         lease_ms: u64,
     ) -> std::io::Result<()> {
-        let spawn = {
-            let mut st = self.inner.state.lock();
+        self.schedule(|st| {
             let due = Instant::now() + interval;
             let earliest = st.heap.peek().is_none_or(|Reverse(d)| due < d.at);
             st.seq += 1;
@@ -143,7 +145,28 @@ impl Watchdog {
                 lease_ms,
                 hold: Arc::downgrade(hold),
             }));
-            if earliest {
+            earliest
+        })
+    }
+
+    /// Undoes a lost acquisition in the background, retrying until it is
+    /// done or could no longer matter.
+    pub(crate) fn cancel(&self, cancel: Arc<PendingCancel>) {
+        let result = self.schedule(|st| {
+            st.cancels.push((Instant::now(), cancel));
+            true
+        });
+        if let Err(e) = result {
+            log::warn!("redlease: cannot start the watchdog thread ({e}); a lost acquisition is left to its lease");
+        }
+    }
+
+    /// Changes the schedule under its lock (`change` says whether the thread
+    /// must wake up early) and starts the thread on first use.
+    fn schedule(&self, change: impl FnOnce(&mut State) -> bool) -> std::io::Result<()> {
+        let spawn = {
+            let mut st = self.inner.state.lock();
+            if change(&mut st) {
                 self.inner.wake.notify_one();
             }
             !std::mem::replace(&mut st.started, true)
@@ -171,23 +194,32 @@ impl Drop for Watchdog {
 
 impl Inner {
     fn run(self: Arc<Self>) {
-        while let Some(batch) = self.next_batch() {
-            if !batch.is_empty() {
-                self.renew(batch);
+        while let Some((renewals, cancels)) = self.next_batch() {
+            if !cancels.is_empty() {
+                self.cancel(cancels);
+            }
+            if !renewals.is_empty() {
+                self.renew(renewals);
             }
         }
         log::debug!("redlease-watchdog: stopped");
     }
 
-    /// Sleeps until something is due; takes what is due (within slack).
-    /// `None` on shutdown.
-    fn next_batch(&self) -> Option<Vec<Renewal>> {
+    /// Sleeps until something is due; takes what is due (renewals within
+    /// their slack). `None` on shutdown.
+    #[allow(clippy::type_complexity)]
+    fn next_batch(&self) -> Option<(Vec<Renewal>, Vec<Arc<PendingCancel>>)> {
         let mut st = self.state.lock();
         loop {
             if st.shutdown {
                 return None;
             }
-            let next = st.heap.peek().map(|Reverse(d)| d.at);
+            let renewal = st.heap.peek().map(|Reverse(d)| d.at);
+            let cancel = st.cancels.iter().map(|(at, _)| *at).min();
+            let next = match (renewal, cancel) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             match next {
                 None => self.wake.wait(&mut st),
                 Some(at) if at > Instant::now() => {
@@ -197,6 +229,15 @@ impl Inner {
             }
         }
         let now = Instant::now();
+        let mut cancels = Vec::new();
+        st.cancels.retain(|(at, c)| {
+            if *at <= now {
+                cancels.push(Arc::clone(c));
+                false
+            } else {
+                true
+            }
+        });
         let mut batch = Vec::new();
         while let Some(Reverse(d)) = st.heap.peek() {
             if d.at > now + d.interval / 10 {
@@ -213,7 +254,55 @@ impl Inner {
                 });
             }
         }
-        Some(batch)
+        Some((batch, cancels))
+    }
+
+    /// Runs the undo of each lost acquisition not settled meanwhile by its
+    /// owner; failed ones are tried again shortly, until their lease is over.
+    fn cancel(&self, cancels: Vec<Arc<PendingCancel>>) {
+        let mut again = Vec::new();
+        for c in cancels {
+            if c.is_done() {
+                continue;
+            }
+            let channel = scripts::channel_name(&c.name);
+            let result: crate::Result<i64> = self.redis.run(|conn| {
+                scripts::CANCEL_ACQUIRE.run(conn, 3, |cmd| {
+                    cmd.arg(&c.name)
+                        .arg(&channel)
+                        .arg(&c.marker)
+                        .arg(&c.field)
+                        .arg(c.held)
+                        .arg(c.lease_ms)
+                        .arg(c.marker_ms);
+                })
+            });
+            match result {
+                Ok(undone) => {
+                    c.set_done();
+                    if undone == 1 {
+                        log::info!(
+                            "redlease: undid an acquisition of {:?} whose reply was lost",
+                            c.name
+                        );
+                    }
+                }
+                Err(e) if Instant::now() < c.expires => {
+                    log::warn!(
+                        "redlease: undoing a lost acquisition of {:?} failed ({e}); retrying",
+                        c.name
+                    );
+                    again.push((Instant::now() + RETRY_DELAY, c));
+                }
+                Err(e) => log::warn!(
+                    "redlease: gave up undoing a lost acquisition of {:?} ({e}); its lease has run out",
+                    c.name
+                ),
+            }
+        }
+        if !again.is_empty() {
+            self.state.lock().cancels.extend(again);
+        }
     }
 
     fn renew(&self, batch: Vec<Renewal>) {

@@ -1,11 +1,18 @@
 -- Acquire or re-enter a reentrant lock (Redisson RLock layout).
 -- KEYS[1] lock hash          KEYS[2] cancel marker of this request
+-- KEYS[3..] cancel markers of this owner's earlier requests whose reply was
+--           lost and whose undo is not yet confirmed: set here, so a copy of
+--           them still on its way can no longer apply
 -- ARGV[1] lease in ms        ARGV[2] owner field <client-uuid>:<thread-id>
 -- ARGV[3] hold count after this acquisition (the caller's local count + 1)
+-- ARGV[4..] TTL in ms of each marker in KEYS[3..]
 -- Returns nil when acquired, -3 when the caller already cancelled this request,
 -- else the holder's remaining TTL in ms (PTTL; -1 if the holder set no lease).
 -- The count is written absolutely (HSET, not HINCRBY), so running the same
 -- request twice after a lost reply cannot count one acquisition twice.
+for i = 3, #KEYS do
+    redis.call('set', KEYS[i], 1, 'px', ARGV[i + 1])
+end
 if redis.call('exists', KEYS[2]) == 1 then
     return -3
 end

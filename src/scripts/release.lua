@@ -1,11 +1,17 @@
 -- Release one hold of a reentrant lock (Redisson RLock layout).
 -- KEYS[1] lock hash   KEYS[2] release channel   KEYS[3] unlock latch of this request
+-- KEYS[4..] cancel markers of this owner's unconfirmed lost acquisitions (see
+--           acquire.lua), set here so they can no longer apply
 -- ARGV[1] owner field ARGV[2] holds left after this release (0 = full release)
 -- ARGV[3] lease in ms (re-applied while holds remain)   ARGV[4] latch TTL in ms
+-- ARGV[5..] TTL in ms of each marker in KEYS[4..]
 -- Returns nil when the field is gone (not held: expired or deleted), 0 when
 -- holds remain, 1 when the lock was deleted and one waiter per process woken.
 -- A retry of the same request (same latch) returns the first answer again, so
 -- a release whose reply was lost is never applied twice nor reported "not held".
+for i = 4, #KEYS do
+    redis.call('set', KEYS[i], 1, 'px', ARGV[i + 1])
+end
 local done = redis.call('get', KEYS[3])
 if done then
     return tonumber(done)
