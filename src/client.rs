@@ -257,7 +257,9 @@ impl ClientBuilder {
             ("response_timeout", self.response_timeout),
         ] {
             if d.is_zero() {
-                return Err(Error::invalid(format!("{what} is zero: use a positive duration")));
+                return Err(Error::invalid(format!(
+                    "{what} is zero: use a positive duration"
+                )));
             }
         }
         check_lease("watchdog_timeout", self.watchdog_timeout)?;
@@ -312,7 +314,10 @@ impl fmt::Debug for ClientBuilder {
             .field("connection_timeout", &self.connection_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("watchdog_timeout", &self.watchdog_timeout)
-            .field("on_lock_lost", &self.on_lock_lost.as_ref().map(|_| "Fn(&str)"))
+            .field(
+                "on_lock_lost",
+                &self.on_lock_lost.as_ref().map(|_| "Fn(&str)"),
+            )
             .finish()
     }
 }

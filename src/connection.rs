@@ -94,10 +94,7 @@ impl r2d2::ManageConnection for Manager {
         inner
             .set_write_timeout(Some(self.response_timeout))
             .map_err(ManagerError::Redis)?;
-        Ok(Conn {
-            inner,
-            epoch,
-        })
+        Ok(Conn { inner, epoch })
     }
 
     fn is_valid(&self, conn: &mut Conn) -> Result<(), ManagerError> {

@@ -194,7 +194,9 @@ fn prune(client_id: u64, name: &str) {
     let _ = SLOTS.try_with(|s| {
         let mut s = s.borrow_mut();
         if let Some(m) = s.get_mut(&client_id) {
-            if m.get(name).is_some_and(|slot| slot.hold.is_none() && slot.pending.is_empty()) {
+            if m.get(name)
+                .is_some_and(|slot| slot.hold.is_none() && slot.pending.is_empty())
+            {
                 m.remove(name);
             }
             if m.is_empty() {
@@ -380,10 +382,7 @@ impl LockGuard {
                 for p in &pending {
                     cmd.arg(&p.marker);
                 }
-                cmd.arg(&hold.field)
-                    .arg(left)
-                    .arg(lease_ms)
-                    .arg(latch_ms);
+                cmd.arg(&hold.field).arg(left).arg(lease_ms).arg(latch_ms);
                 for p in &pending {
                     cmd.arg(p.marker_ms);
                 }
@@ -408,7 +407,10 @@ impl Drop for LockGuard {
             return;
         }
         if let Err(e) = self.release() {
-            log::warn!("redlease: releasing lock {:?} on drop failed: {e}", self.hold.name);
+            log::warn!(
+                "redlease: releasing lock {:?} on drop failed: {e}",
+                self.hold.name
+            );
         }
     }
 }

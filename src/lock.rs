@@ -173,7 +173,11 @@ impl Lock {
     /// # Errors
     ///
     /// As for [`lock_with_lease`](Lock::lock_with_lease).
-    pub fn try_lock_with_lease(&self, wait: Duration, lease: Duration) -> Result<Option<LockGuard>> {
+    pub fn try_lock_with_lease(
+        &self,
+        wait: Duration,
+        lease: Duration,
+    ) -> Result<Option<LockGuard>> {
         let terms = self.lease_terms(lease)?;
         self.acquire(Wait::after(wait), terms)
     }
@@ -263,7 +267,9 @@ impl Lock {
 
     fn check_name(&self) -> Result<()> {
         if self.name.is_empty() {
-            return Err(Error::invalid("the lock name is empty: give the lock a non-empty name"));
+            return Err(Error::invalid(
+                "the lock name is empty: give the lock a non-empty name",
+            ));
         }
         Ok(())
     }
@@ -386,7 +392,9 @@ impl Lock {
         match reply {
             None => {}
             Some(ttl) if ttl >= 0 => {
-                return Ok(Attempt::Busy(Some(Duration::from_millis(ttl.unsigned_abs()))))
+                return Ok(Attempt::Busy(Some(Duration::from_millis(
+                    ttl.unsigned_abs(),
+                ))))
             }
             Some(_) => return Ok(Attempt::Busy(None)),
         }

@@ -89,9 +89,7 @@ impl Stream {
                 Err(last)
             }
             #[cfg(unix)]
-            Addr::Unix(path) => Ok(Stream::Unix(std::os::unix::net::UnixStream::connect(
-                path,
-            )?)),
+            Addr::Unix(path) => Ok(Stream::Unix(std::os::unix::net::UnixStream::connect(path)?)),
         }
     }
 
@@ -313,7 +311,12 @@ impl Subscription<'_> {
     pub(crate) fn wait_until(&self, until: Instant) -> bool {
         let mut permits = self.channel.permits.lock();
         while *permits == 0 {
-            if self.channel.wake.wait_until(&mut permits, until).timed_out() {
+            if self
+                .channel
+                .wake
+                .wait_until(&mut permits, until)
+                .timed_out()
+            {
                 if *permits == 0 {
                     return false;
                 }
@@ -331,10 +334,16 @@ impl Drop for Subscription<'_> {
         let queued = {
             let mut map = inner.channels.lock();
             if self.channel.refs.fetch_sub(1, Ordering::AcqRel) == 1
-                && map.get(&self.name).is_some_and(|c| Arc::ptr_eq(c, &self.channel))
+                && map
+                    .get(&self.name)
+                    .is_some_and(|c| Arc::ptr_eq(c, &self.channel))
             {
                 map.remove(&self.name);
-                inner.queue(&redis::cmd("UNSUBSCRIBE").arg(&self.name).get_packed_command());
+                inner.queue(
+                    &redis::cmd("UNSUBSCRIBE")
+                        .arg(&self.name)
+                        .get_packed_command(),
+                );
                 true
             } else {
                 false
@@ -473,9 +482,8 @@ impl Inner {
             }
             auth.arg(password);
             stream.write_all(&auth.get_packed_command())?;
-            match redis::Parser::new().parse_value(&mut reader)? {
-                redis::Value::ServerError(e) => return Err(e.into()),
-                _ => {}
+            if let redis::Value::ServerError(e) = redis::Parser::new().parse_value(&mut reader)? {
+                return Err(e.into());
             }
         }
         // Reads block until a message comes; writes stay bounded.

@@ -16,7 +16,11 @@ macro_rules! lua {
     ($name:ident, $file:literal) => {
         pub(crate) static $name: Lua = Lua {
             source: include_str!($file),
-            sha: LazyLock::new(|| redis::Script::new(include_str!($file)).get_hash().to_owned()),
+            sha: LazyLock::new(|| {
+                redis::Script::new(include_str!($file))
+                    .get_hash()
+                    .to_owned()
+            }),
         };
     };
 }
@@ -81,12 +85,18 @@ pub(crate) fn channel_name(name: &str) -> String {
 
 /// The latch key of one release request (Redisson's scheme).
 pub(crate) fn unlock_latch_name(name: &str, request_id: &str) -> String {
-    format!("{}:{request_id}", prefix_name("redisson_unlock_latch", name))
+    format!(
+        "{}:{request_id}",
+        prefix_name("redisson_unlock_latch", name)
+    )
 }
 
 /// The cancel marker of one acquire request (redlease's own).
 pub(crate) fn acquire_cancel_name(name: &str, request_id: &str) -> String {
-    format!("{}:{request_id}", prefix_name("redlease_acquire_cancel", name))
+    format!(
+        "{}:{request_id}",
+        prefix_name("redlease_acquire_cancel", name)
+    )
 }
 
 #[cfg(test)]
@@ -95,7 +105,10 @@ mod tests {
 
     #[test]
     fn names_follow_redisson() {
-        assert_eq!(channel_name("orders:42"), "redisson_lock__channel:{orders:42}");
+        assert_eq!(
+            channel_name("orders:42"),
+            "redisson_lock__channel:{orders:42}"
+        );
         assert_eq!(channel_name("a{b}c"), "redisson_lock__channel:a{b}c");
         assert_eq!(
             unlock_latch_name("x", "id-1"),
@@ -105,7 +118,8 @@ mod tests {
 
     #[test]
     fn scripts_have_distinct_hashes() {
-        let shas = [&ACQUIRE, &RELEASE, &CANCEL_ACQUIRE, &FORCE_UNLOCK, &RENEW].map(|l| l.sha.as_str());
+        let shas =
+            [&ACQUIRE, &RELEASE, &CANCEL_ACQUIRE, &FORCE_UNLOCK, &RENEW].map(|l| l.sha.as_str());
         for (i, a) in shas.iter().enumerate() {
             assert_eq!(a.len(), 40);
             for b in &shas[i + 1..] {
