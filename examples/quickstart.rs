@@ -20,7 +20,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let lock = client.lock("quickstart:orders:42");
 
     let guard = lock.lock()?; // waits as long as it takes; renewed by the watchdog
-    println!("acquired {:?}, hold count {}", guard.name(), lock.hold_count()?);
+    println!(
+        "acquired {:?}, hold count {}",
+        guard.name(),
+        lock.hold_count()?
+    );
 
     let again = lock.lock()?; // the same thread may take it again
     println!("re-entered, hold count {}", lock.hold_count()?);
@@ -62,7 +66,11 @@ fn redis_url() -> Result<(String, Option<Server>), Box<dyn std::error::Error>> {
         .args(["--save", "", "--appendonly", "no"])
         .stdout(Stdio::null())
         .spawn()
-        .map_err(|e| format!("no Redis found and cannot start redis-server ({e}); install it or set REDIS_URL"))?;
+        .map_err(|e| {
+            format!(
+                "no Redis found and cannot start redis-server ({e}); install it or set REDIS_URL"
+            )
+        })?;
     let server = Server(child);
     let deadline = Instant::now() + Duration::from_secs(10);
     while !answers_ping(port) {

@@ -286,6 +286,11 @@ impl ClientBuilder {
             .connection_timeout(self.connection_timeout)
             .test_on_check_out(true)
             .error_handler(Box::new(WarnOnError))
+            // One thread (not r2d2's default three) opens connections.
+            .thread_pool(Arc::new(scheduled_thread_pool::ScheduledThreadPool::with_name(
+                "redlease-connect",
+                1,
+            )))
             .build(manager)
             .map_err(Error::pool)?;
         let redis = Arc::new(Redis::new(pool, epoch));
