@@ -14,11 +14,14 @@
 //!   lock at its own interval, and reports a lost lease to its guard.
 //! - **Blocking** API on an r2d2 pool; RAII [`LockGuard`]s.
 //!
-//! ```no_run
+//! ```
 //! use std::time::Duration;
 //!
 //! fn main() -> redlease::Result<()> {
-//!     let client = redlease::Client::open("redis://127.0.0.1:6379/")?;
+//! #   let server = TestServer::start(); // a throwaway redis-server for this example
+//! #   let url = server.url();
+//!     // let url = "redis://127.0.0.1:6379/";
+//!     let client = redlease::Client::open(&url)?;
 //!     let lock = client.lock("orders:42");
 //!
 //!     let guard = lock.lock()?;                 // waits; renewed by the watchdog
@@ -28,13 +31,36 @@
 //!
 //!     guard.ensure_held()?;                     // cheap check before a side effect
 //!     guard.unlock()?;                          // or just drop it
+//!     assert!(!lock.is_locked()?);
 //!
-//!     if let Some(g) = lock.try_lock_with_lease(Duration::from_secs(1), Duration::from_secs(10))? {
+//!     let lease = Duration::from_secs(10);
+//!     if let Some(g) = lock.try_lock_with_lease(Duration::from_secs(1), lease)? {
 //!         // held for at most 10 s, never renewed
 //!         drop(g);
 //!     }
 //!     Ok(())
 //! }
+//! # struct TestServer(std::process::Child, u16);
+//! # impl TestServer {
+//! #     fn start() -> TestServer {
+//! #         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+//! #         let child = std::process::Command::new("redis-server")
+//! #             .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+//! #             .stdout(std::process::Stdio::null())
+//! #             .spawn()
+//! #             .expect("this example needs redis-server installed");
+//! #         let deadline = std::time::Instant::now() + Duration::from_secs(10);
+//! #         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+//! #             assert!(std::time::Instant::now() < deadline, "redis-server did not start");
+//! #             std::thread::sleep(Duration::from_millis(10));
+//! #         }
+//! #         TestServer(child, port)
+//! #     }
+//! #     fn url(&self) -> String { format!("redis://127.0.0.1:{}/", self.1) }
+//! # }
+//! # impl Drop for TestServer {
+//! #     fn drop(&mut self) { let _ = self.0.kill(); let _ = self.0.wait(); }
+//! # }
 //! ```
 //!
 //! ## Guarantees and limits
