@@ -287,10 +287,12 @@ impl ClientBuilder {
             .test_on_check_out(true)
             .error_handler(Box::new(WarnOnError))
             // One thread (not r2d2's default three) opens connections.
-            .thread_pool(Arc::new(scheduled_thread_pool::ScheduledThreadPool::with_name(
-                "redlease-connect",
-                1,
-            )))
+            .thread_pool(Arc::new(
+                scheduled_thread_pool::ScheduledThreadPool::builder()
+                    .num_threads(1)
+                    .thread_name_pattern("redlease-connect")
+                    .build(),
+            ))
             .build(manager)
             .map_err(Error::pool)?;
         let redis = Arc::new(Redis::new(pool, epoch));

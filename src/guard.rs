@@ -41,6 +41,9 @@ pub(crate) struct Hold {
     lost: AtomicBool,
     released: AtomicBool,
     watched: AtomicBool,
+    /// The watchdog's key for this hold while it is scheduled; read and
+    /// written only under the watchdog's schedule lock.
+    schedule_key: parking_lot::Mutex<Option<(Instant, u64)>>,
 }
 
 impl Hold {
@@ -55,6 +58,7 @@ impl Hold {
             lost: AtomicBool::new(false),
             released: AtomicBool::new(false),
             watched: AtomicBool::new(false),
+            schedule_key: parking_lot::Mutex::new(None),
         }
     }
 
@@ -92,6 +96,14 @@ impl Hold {
     /// Still held as far as this process knows: not released, not lost.
     pub(crate) fn is_active(&self) -> bool {
         !self.released.load(Ordering::Acquire) && !self.is_lost()
+    }
+
+    pub(crate) fn set_schedule_key(&self, key: Option<(Instant, u64)>) {
+        *self.schedule_key.lock() = key;
+    }
+
+    pub(crate) fn take_schedule_key(&self) -> Option<(Instant, u64)> {
+        self.schedule_key.lock().take()
     }
 
     /// Claims the watchdog entry; `true` if the caller must register it.
@@ -369,6 +381,9 @@ impl LockGuard {
             // and a late renewal result cannot mark it lost.
             hold.released.store(true, Ordering::Release);
             remove_hold(hold);
+            if hold.watched.load(Ordering::Acquire) {
+                self.client.shared.watchdog.unwatch(hold);
+            }
         }
         let shared = &self.client.shared;
         let channel = scripts::channel_name(&hold.name);

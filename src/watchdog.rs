@@ -1,12 +1,13 @@
 //! The renewal scheduler (`redlease-watchdog`): one thread per client keeps
 //! every watched lock alive, whatever their number.
 //!
-//! Entries sit in a min-heap by due time, each with its own interval and
-//! lease. A wake-up takes every entry that is due, plus those due within their
+//! Entries sit in an ordered map by due time, each with its own interval and
+//! lease; a release removes its entry at once (a map operation), so released
+//! locks cost the thread nothing. A wake-up takes every entry that is due, plus those due within their
 //! slack (a tenth of their interval), and renews them all in one round trip: a
 //! pipeline of multi-key renewal scripts of at most [`CHUNK`] locks each. An
 //! entry is keyed by its [`Hold`] (the lock and owner), which re-entries
-//! share; the heap holds it weakly, so a released hold simply falls out.
+//! share.
 //!
 //! Renewal result 0 (the key or our field is gone) marks the hold lost at
 //! once. A renewal that fails on the connection is retried every
@@ -14,8 +15,7 @@
 //! plus the lease has passed; then the hold is lost. Nothing is locked across
 //! the round trip.
 
-use std::cmp::{Ordering as CmpOrdering, Reverse};
-use std::collections::BinaryHeap;
+use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -34,33 +34,17 @@ pub(crate) const RETRY_DELAY: Duration = Duration::from_millis(250);
 
 pub(crate) type LostCallback = Arc<dyn Fn(&str) + Send + Sync + 'static>;
 
-struct Due {
-    at: Instant,
-    seq: u64,
+/// A scheduled renewal; keyed in the schedule by (due time, sequence).
+struct Entry {
     interval: Duration,
     lease_ms: u64,
     hold: Weak<Hold>,
 }
 
-impl PartialEq for Due {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.seq) == (other.at, other.seq)
-    }
-}
-impl Eq for Due {}
-impl PartialOrd for Due {
-    fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Due {
-    fn cmp(&self, other: &Self) -> CmpOrdering {
-        (self.at, self.seq).cmp(&(other.at, other.seq))
-    }
-}
+type Key = (Instant, u64);
 
 struct State {
-    heap: BinaryHeap<Reverse<Due>>,
+    schedule: BTreeMap<Key, Entry>,
     /// Lost acquisitions to undo, with the time of their next try.
     cancels: Vec<(Instant, Arc<PendingCancel>)>,
     seq: u64,
@@ -101,7 +85,7 @@ impl Watchdog {
                 redis,
                 on_lost,
                 state: Mutex::new(State {
-                    heap: BinaryHeap::new(),
+                    schedule: BTreeMap::new(),
                     cancels: Vec::new(),
                     seq: 0,
                     started: false,
@@ -117,9 +101,9 @@ impl Watchdog {
         &self.inner.counters
     }
 
-    /// Entries in the schedule (released ones linger until their due time).
+    /// Locks being renewed.
     pub(crate) fn scheduled(&self) -> usize {
-        self.inner.state.lock().heap.len()
+        self.inner.state.lock().schedule.len()
     }
 
     /// Starts renewing `hold` every `interval` with `lease_ms`.
@@ -135,18 +119,19 @@ impl Watchdog {
     ) -> std::io::Result<()> {
         self.schedule(|st| {
             let due = Instant::now() + interval;
-            let earliest = st.heap.peek().is_none_or(|Reverse(d)| due < d.at);
-            st.seq += 1;
-            let seq = st.seq;
-            st.heap.push(Reverse(Due {
-                at: due,
-                seq,
-                interval,
-                lease_ms,
-                hold: Arc::downgrade(hold),
-            }));
+            let earliest = st.schedule.first_key_value().is_none_or(|(k, _)| due < k.0);
+            st.insert(due, hold, interval, lease_ms);
             earliest
         })
+    }
+
+    /// Stops renewing `hold` (released: its `released` flag is already set,
+    /// so a renewal in flight does not schedule it again).
+    pub(crate) fn unwatch(&self, hold: &Hold) {
+        let mut st = self.inner.state.lock();
+        if let Some(key) = hold.take_schedule_key() {
+            st.schedule.remove(&key);
+        }
     }
 
     /// Undoes a lost acquisition in the background, retrying until it is
@@ -192,6 +177,22 @@ impl Drop for Watchdog {
     }
 }
 
+impl State {
+    fn insert(&mut self, at: Instant, hold: &Arc<Hold>, interval: Duration, lease_ms: u64) {
+        self.seq += 1;
+        let key = (at, self.seq);
+        hold.set_schedule_key(Some(key));
+        self.schedule.insert(
+            key,
+            Entry {
+                interval,
+                lease_ms,
+                hold: Arc::downgrade(hold),
+            },
+        );
+    }
+}
+
 impl Inner {
     fn run(self: Arc<Self>) {
         while let Some((renewals, cancels)) = self.next_batch() {
@@ -214,7 +215,7 @@ impl Inner {
             if st.shutdown {
                 return None;
             }
-            let renewal = st.heap.peek().map(|Reverse(d)| d.at);
+            let renewal = st.schedule.first_key_value().map(|(k, _)| k.0);
             let cancel = st.cancels.iter().map(|(at, _)| *at).min();
             let next = match (renewal, cancel) {
                 (Some(a), Some(b)) => Some(a.min(b)),
@@ -239,18 +240,17 @@ impl Inner {
             }
         });
         let mut batch = Vec::new();
-        while let Some(Reverse(d)) = st.heap.peek() {
-            if d.at > now + d.interval / 10 {
+        while let Some(entry) = st.schedule.first_entry() {
+            if entry.key().0 > now + entry.get().interval / 10 {
                 break;
             }
-            let Some(Reverse(d)) = st.heap.pop() else {
-                break;
-            };
-            if let Some(hold) = d.hold.upgrade().filter(|h| h.is_active()) {
+            let e = entry.remove();
+            if let Some(hold) = e.hold.upgrade().filter(|h| h.is_active()) {
+                hold.set_schedule_key(None);
                 batch.push(Renewal {
                     hold,
-                    interval: d.interval,
-                    lease_ms: d.lease_ms,
+                    interval: e.interval,
+                    lease_ms: e.lease_ms,
                 });
             }
         }
@@ -344,15 +344,11 @@ impl Inner {
         }
         let mut st = self.state.lock();
         for (at, r) in again {
-            st.seq += 1;
-            let seq = st.seq;
-            st.heap.push(Reverse(Due {
-                at,
-                seq,
-                interval: r.interval,
-                lease_ms: r.lease_ms,
-                hold: Arc::downgrade(&r.hold),
-            }));
+            // Checked under the lock that `unwatch` takes: a hold released
+            // during the round trip is not scheduled again.
+            if r.hold.is_active() {
+                st.insert(at, &r.hold, r.interval, r.lease_ms);
+            }
         }
     }
 
