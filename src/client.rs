@@ -291,6 +291,10 @@ impl ClientBuilder {
                 scheduled_thread_pool::ScheduledThreadPool::builder()
                     .num_threads(1)
                     .thread_name_pattern("redlease-connect")
+                    // Exit with the pool, not after r2d2's next reaper tick.
+                    .on_drop_behavior(
+                        scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled,
+                    )
                     .build(),
             ))
             .build(manager)
