@@ -1,0 +1,1006 @@
+//! Integration-test support: real `redis-server` processes, a fault-injecting
+//! TCP proxy, and the polling helpers tests use to wait for conditions.
+//!
+//! Use from an integration test with `mod support;`.
+//!
+//! * [`RedisServer`] — a private `redis-server` on a free loopback port, with
+//!   kill / stop / restart (same port) / pause (SIGSTOP) / resume (SIGCONT)
+//!   and a few admin helpers.
+//! * [`Proxy`] — a blocking, thread-per-direction TCP proxy in front of a
+//!   server that can cut connections, stall or delay traffic, and drop the
+//!   reply to one chosen request ([`Proxy::cut_after_request`]).
+//! * [`wait_until`] — the only sanctioned way for a test to wait.
+//!
+//! Environment: `REDIS_SERVER_BIN` overrides the `redis-server` binary,
+//! `REDIS_CLI_BIN` the `redis-cli` binary (default: a `redis-cli` next to
+//! `REDIS_SERVER_BIN` if present, else `redis-cli` from `PATH`).
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::env;
+use std::fs::{self, File};
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+/// How long a (re)started server gets to answer `PING`.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Timeout for the raw admin connections used by [`RedisServer`] helpers.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bound on `redis-cli` invocations made by [`RedisServer::cmd`].
+const CLI_TIMEOUT: Duration = Duration::from_secs(10);
+/// How many fresh ports [`RedisServer::start`] tries before giving up.
+const START_ATTEMPTS: usize = 5;
+
+// ---------------------------------------------------------------------------
+// Free functions
+// ---------------------------------------------------------------------------
+
+/// A currently free TCP port on 127.0.0.1 (bind to port 0, read it, release
+/// it). Inherently racy: someone else may grab it before you bind it.
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("local_addr").port()
+}
+
+/// Polls `f` every 5 ms until it returns `true`.
+///
+/// Panics with `"timed out after {timeout:?} waiting for {what}"` if it does
+/// not within `timeout`. `f` is always called at least once, and once more
+/// after the deadline has passed.
+pub fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if f() {
+            return;
+        }
+        if Instant::now() >= deadline {
+            // One last look, so a slow `f` does not cause a spurious failure.
+            if f() {
+                return;
+            }
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The `redis-server` binary: `$REDIS_SERVER_BIN` if set, else `redis-server`
+/// looked up on `PATH`.
+///
+/// Panics with "redis-server not found: install it (apt-get install
+/// redis-server) or set REDIS_SERVER_BIN" if it cannot be found.
+pub fn redis_server_path() -> PathBuf {
+    let found = match env::var_os("REDIS_SERVER_BIN") {
+        Some(p) if !p.is_empty() => {
+            let p = PathBuf::from(p);
+            if p.components().count() > 1 {
+                p.is_file().then_some(p)
+            } else {
+                find_in_path(&p)
+            }
+        }
+        _ => find_in_path(Path::new("redis-server")),
+    };
+    found.unwrap_or_else(|| {
+        panic!(
+            "redis-server not found: install it (apt-get install redis-server) or set REDIS_SERVER_BIN"
+        )
+    })
+}
+
+/// The `redis-cli` binary: `$REDIS_CLI_BIN`, else a `redis-cli` next to the
+/// server binary, else `redis-cli` (resolved by the OS via `PATH`).
+pub fn redis_cli_path() -> PathBuf {
+    if let Some(p) = env::var_os("REDIS_CLI_BIN").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    if let Some(dir) = redis_server_path().parent() {
+        let sibling = dir.join("redis-cli");
+        if sibling.is_file() {
+            return sibling;
+        }
+    }
+    PathBuf::from("redis-cli")
+}
+
+fn find_in_path(name: &Path) -> Option<PathBuf> {
+    let path = env::var_os("PATH")?;
+    env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+}
+
+/// `true` if something at `addr` answers `PING` with `+PONG` within `timeout`
+/// (used for connect, write and read separately).
+pub fn ping(addr: SocketAddr, timeout: Duration) -> bool {
+    matches!(raw_command(addr, &["PING"], timeout), Ok(Resp::Simple(s)) if s == "PONG")
+}
+
+/// A RESP2 reply as read by [`raw_command`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resp {
+    /// `+...`
+    Simple(String),
+    /// `-...`
+    Error(String),
+    /// `:...`
+    Int(i64),
+    /// `$...` (`None` is the nil bulk string)
+    Bulk(Option<Vec<u8>>),
+    /// `*...` (`None` is the nil array)
+    Array(Option<Vec<Resp>>),
+}
+
+/// Sends one command over a fresh raw TCP connection (no handshake, no
+/// `CLIENT SETINFO`, so exactly one command is executed) and reads one reply.
+pub fn raw_command(addr: SocketAddr, args: &[&str], timeout: Duration) -> io::Result<Resp> {
+    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    stream.set_nodelay(true)?;
+    stream.write_all(&encode_command(args))?;
+    read_resp(&mut BufReader::new(stream))
+}
+
+/// Encodes `args` as a RESP array of bulk strings.
+pub fn encode_command(args: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+        out.extend_from_slice(arg.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+fn read_resp(r: &mut impl BufRead) -> io::Result<Resp> {
+    let mut line = Vec::new();
+    r.read_until(b'\n', &mut line)?;
+    if !line.ends_with(b"\r\n") {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "connection closed mid-reply",
+        ));
+    }
+    line.truncate(line.len() - 2);
+    let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
+    let (&kind, rest) = line.split_first().ok_or_else(|| bad("empty RESP line"))?;
+    let text = String::from_utf8_lossy(rest).into_owned();
+    let number = || text.parse::<i64>().map_err(|_| bad("bad RESP number"));
+    Ok(match kind {
+        b'+' => Resp::Simple(text),
+        b'-' => Resp::Error(text),
+        b':' => Resp::Int(number()?),
+        b'$' => {
+            let len = number()?;
+            if len < 0 {
+                Resp::Bulk(None)
+            } else {
+                let mut buf = vec![0; len as usize + 2];
+                r.read_exact(&mut buf)?;
+                buf.truncate(len as usize);
+                Resp::Bulk(Some(buf))
+            }
+        }
+        b'*' => {
+            let len = number()?;
+            if len < 0 {
+                Resp::Array(None)
+            } else {
+                let items = (0..len).map(|_| read_resp(r)).collect::<io::Result<_>>()?;
+                Resp::Array(Some(items))
+            }
+        }
+        _ => return Err(bad("unknown RESP type byte")),
+    })
+}
+
+/// Sends `-SIG` to `pid` with the `kill` utility (no libc in this crate).
+fn signal(pid: u32, sig: &str) -> io::Result<()> {
+    let status = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!("kill -{sig} {pid}: {status}")))
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn read_lossy(path: &Path) -> String {
+    fs::read(path)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_else(|e| format!("<cannot read {}: {e}>", path.display()))
+}
+
+// ---------------------------------------------------------------------------
+// RedisServer
+// ---------------------------------------------------------------------------
+
+static SERVER_COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+struct ServerState {
+    child: Option<Child>,
+    paused: bool,
+}
+
+/// A private `redis-server` process bound to 127.0.0.1 on its own port, with
+/// persistence disabled and its own temp dir (log file `redis.log`, plus
+/// `stderr.log` for anything printed before the log file is opened).
+///
+/// All methods take `&self` (state is behind a mutex), so a server can be
+/// shared with other threads through an `Arc`. Dropping it kills the process
+/// and removes the temp dir; if the thread is panicking the last 50 log
+/// lines are printed to stderr first.
+pub struct RedisServer {
+    port: u16,
+    dir: PathBuf,
+    extra_args: Vec<String>,
+    state: Mutex<ServerState>,
+}
+
+impl RedisServer {
+    /// Starts a server on a free port and waits until it answers `PING`.
+    pub fn start() -> RedisServer {
+        Self::start_with_args(&[])
+    }
+
+    /// Like [`RedisServer::start`], appending `extra_args` (e.g.
+    /// `["--enable-debug-command", "yes"]`) to the command line. They are
+    /// reused by [`RedisServer::restart`].
+    pub fn start_with_args(extra_args: &[&str]) -> RedisServer {
+        let extra_args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
+        let bin = redis_server_path(); // panics before any temp dir exists
+        let mut failures = Vec::new();
+        for _ in 0..START_ATTEMPTS {
+            let port = free_port();
+            let n = SERVER_COUNTER.fetch_add(1, Ordering::Relaxed);
+            let dir = env::temp_dir().join(format!(
+                "redlease-test-{}-{}-{}",
+                std::process::id(),
+                n,
+                port
+            ));
+            let _ = fs::remove_dir_all(&dir);
+            fs::create_dir_all(&dir)
+                .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+            match launch(&bin, port, &dir, &extra_args) {
+                Ok(child) => {
+                    return RedisServer {
+                        port,
+                        dir,
+                        extra_args,
+                        state: Mutex::new(ServerState {
+                            child: Some(child),
+                            paused: false,
+                        }),
+                    };
+                }
+                Err(e) => {
+                    let logs = logs_of(&dir);
+                    let _ = fs::remove_dir_all(&dir);
+                    let config_error = logs.contains("FATAL CONFIG");
+                    failures.push(format!("--- port {port}: {e}\n{logs}"));
+                    if config_error {
+                        break; // another port will not help
+                    }
+                }
+            }
+        }
+        panic!(
+            "redis-server failed to start ({} attempt(s)):\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
+    }
+
+    /// The TCP port (stable across [`RedisServer::restart`]).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `127.0.0.1:port`.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// `redis://127.0.0.1:port/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The server's temp dir.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Path of the server's log file.
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("redis.log")
+    }
+
+    /// Current contents of the log file (and of `stderr.log`, if non-empty).
+    pub fn log_contents(&self) -> String {
+        logs_of(&self.dir)
+    }
+
+    /// Pid of the running process, if any.
+    pub fn pid(&self) -> Option<u32> {
+        lock(&self.state).child.as_ref().map(Child::id)
+    }
+
+    /// `true` while the process exists (a paused process counts as running).
+    pub fn is_running(&self) -> bool {
+        let mut state = lock(&self.state);
+        let exited = match state.child.as_mut() {
+            None => return false,
+            Some(child) => !matches!(child.try_wait(), Ok(None)),
+        };
+        if exited {
+            state.child = None;
+            state.paused = false;
+        }
+        !exited
+    }
+
+    /// Kills the process with SIGKILL and reaps it. No-op if not running.
+    pub fn kill(&self) {
+        let mut state = lock(&self.state);
+        kill_child(&mut state);
+    }
+
+    /// Graceful stop: `SHUTDOWN NOSAVE` (resuming first if paused), then waits
+    /// up to 10 s for the process to exit. Falls back to SIGKILL and panics if
+    /// it does not exit in time. No-op if not running.
+    pub fn stop(&self) {
+        let mut state = lock(&self.state);
+        let Some(mut child) = state.child.take() else {
+            return;
+        };
+        if std::mem::take(&mut state.paused) {
+            let _ = signal(child.id(), "CONT");
+        }
+        // The server closes the connection without replying; ignore the error.
+        let _ = raw_command(self.addr(), &["SHUTDOWN", "NOSAVE"], ADMIN_TIMEOUT);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => return,
+                Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_millis(5)),
+                _ => break,
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        drop(state);
+        panic!(
+            "redis-server on port {} did not exit within 10s after SHUTDOWN NOSAVE; log:\n{}",
+            self.port,
+            self.log_contents()
+        );
+    }
+
+    /// Starts the server again on the same port and dir with an empty
+    /// dataset, waiting until it answers `PING`. If it is still running it is
+    /// killed (SIGKILL) first. Retries for up to 10 s if the port cannot be
+    /// bound yet.
+    pub fn restart(&self) {
+        let mut state = lock(&self.state);
+        kill_child(&mut state);
+        let _ = fs::remove_file(self.dir.join("dump.rdb"));
+        let bin = redis_server_path();
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        let mut last_error;
+        loop {
+            match launch(&bin, self.port, &self.dir, &self.extra_args) {
+                Ok(child) => {
+                    state.child = Some(child);
+                    return;
+                }
+                Err(e) => last_error = e,
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        drop(state);
+        panic!(
+            "redis-server failed to restart on port {}: {last_error}\nlog:\n{}",
+            self.port,
+            self.log_contents()
+        );
+    }
+
+    /// Freezes the process with SIGSTOP: connections are still accepted by
+    /// the kernel, but nothing is answered. Panics if not running.
+    pub fn pause(&self) {
+        let mut state = lock(&self.state);
+        let pid = state
+            .child
+            .as_ref()
+            .map(Child::id)
+            .expect("pause: server not running");
+        signal(pid, "STOP").expect("kill -STOP");
+        state.paused = true;
+    }
+
+    /// Undoes [`RedisServer::pause`] with SIGCONT. Panics if not running.
+    pub fn resume(&self) {
+        let mut state = lock(&self.state);
+        let pid = state
+            .child
+            .as_ref()
+            .map(Child::id)
+            .expect("resume: server not running");
+        signal(pid, "CONT").expect("kill -CONT");
+        state.paused = false;
+    }
+
+    /// `true` between [`RedisServer::pause`] and [`RedisServer::resume`].
+    pub fn is_paused(&self) -> bool {
+        lock(&self.state).paused
+    }
+
+    /// `PING` over a fresh raw connection with the given timeout.
+    pub fn ping(&self, timeout: Duration) -> bool {
+        ping(self.addr(), timeout)
+    }
+
+    /// Runs one command over a fresh raw TCP connection (5 s timeout) and
+    /// returns the reply. Panics on I/O errors; Redis error replies are
+    /// returned as [`Resp::Error`].
+    pub fn raw(&self, args: &[&str]) -> Resp {
+        raw_command(self.addr(), args, ADMIN_TIMEOUT).unwrap_or_else(|e| {
+            panic!(
+                "{args:?} on port {} failed: {e} (is the server paused or down?)",
+                self.port
+            )
+        })
+    }
+
+    /// `CLIENT KILL TYPE <kind>` (`normal`, `pubsub`, `replica`, `master`);
+    /// returns the number of clients killed. The admin connection itself is
+    /// skipped (SKIPME yes is the default).
+    pub fn client_kill_type(&self, kind: &str) -> i64 {
+        match self.raw(&["CLIENT", "KILL", "TYPE", kind]) {
+            Resp::Int(n) => n,
+            other => panic!("CLIENT KILL TYPE {kind}: unexpected reply {other:?}"),
+        }
+    }
+
+    /// `CLIENT PAUSE ms [WRITE]`.
+    pub fn client_pause(&self, ms: u64, write_only: bool) {
+        let ms = ms.to_string();
+        let mut args = vec!["CLIENT", "PAUSE", ms.as_str()];
+        if write_only {
+            args.push("WRITE");
+        }
+        match self.raw(&args) {
+            Resp::Simple(s) if s == "OK" => {}
+            other => panic!("{args:?}: unexpected reply {other:?}"),
+        }
+    }
+
+    /// `CLIENT UNPAUSE`.
+    pub fn client_unpause(&self) {
+        match self.raw(&["CLIENT", "UNPAUSE"]) {
+            Resp::Simple(s) if s == "OK" => {}
+            other => panic!("CLIENT UNPAUSE: unexpected reply {other:?}"),
+        }
+    }
+
+    /// Reads `field` from `INFO <section>` as a string. Panics if missing.
+    pub fn info_field(&self, section: &str, field: &str) -> String {
+        let text = match self.raw(&["INFO", section]) {
+            Resp::Bulk(Some(b)) => String::from_utf8_lossy(&b).into_owned(),
+            other => panic!("INFO {section}: unexpected reply {other:?}"),
+        };
+        text.lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_else(|| panic!("INFO {section} has no field {field:?}:\n{text}"))
+    }
+
+    /// Reads a numeric field from `INFO stats`, e.g.
+    /// `total_commands_processed`. Uses one raw connection and one command,
+    /// and that `INFO` is itself counted in the *next* reading.
+    pub fn info_stat(&self, field: &str) -> u64 {
+        let v = self.info_field("stats", field);
+        v.parse()
+            .unwrap_or_else(|_| panic!("INFO stats {field} = {v:?} is not a u64"))
+    }
+
+    /// Runs `redis-cli -h 127.0.0.1 -p PORT --raw ARGS...` (bounded to 10 s)
+    /// and returns its trimmed stdout.
+    ///
+    /// Raw mode: strings and integers are printed bare (`GET k` -> `v`,
+    /// `INCR k` -> `1`), a nil reply is the empty string, array elements are
+    /// one per line, and error replies are returned as text (`ERR ...`) —
+    /// redis-cli exits 0 for them. Panics only if redis-cli cannot be run or
+    /// times out.
+    pub fn cmd(&self, args: &[&str]) -> String {
+        let cli = redis_cli_path();
+        let child = Command::new(&cli)
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "--raw"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e} (set REDIS_CLI_BIN)", cli.display()));
+        let pid = child.id();
+        let (tx, rx) = std::sync::mpsc::channel();
+        thread::spawn(move || {
+            let _ = tx.send(child.wait_with_output());
+        });
+        match rx.recv_timeout(CLI_TIMEOUT) {
+            Ok(Ok(out)) => String::from_utf8_lossy(&out.stdout).trim().to_string(),
+            Ok(Err(e)) => panic!("redis-cli {args:?}: {e}"),
+            Err(_) => {
+                let _ = signal(pid, "KILL");
+                panic!(
+                    "redis-cli {args:?} on port {} timed out after {CLI_TIMEOUT:?} (server paused?)",
+                    self.port
+                );
+            }
+        }
+    }
+
+    /// A typed `redis` connection straight to the server (connect timeout
+    /// 5 s; read/write timeouts 10 s so a broken test fails instead of
+    /// hanging — override with `set_read_timeout` if needed).
+    pub fn conn(&self) -> redis::Connection {
+        let client = redis::Client::open(self.url()).expect("redis::Client::open");
+        let conn = client
+            .get_connection_with_timeout(ADMIN_TIMEOUT)
+            .unwrap_or_else(|e| panic!("connect to {}: {e}", self.url()));
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("set_read_timeout");
+        conn.set_write_timeout(Some(Duration::from_secs(10)))
+            .expect("set_write_timeout");
+        conn
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let state = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if thread::panicking() {
+            let log = fs::read(self.dir.join("redis.log"))
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(50)..];
+            let _ = writeln!(
+                io::stderr(),
+                "---- last {} lines of redis log (port {}) ----\n{}\n---- end of redis log ----",
+                tail.len(),
+                self.port,
+                tail.join("\n")
+            );
+        }
+        kill_child(state);
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// SIGCONT (if paused), SIGKILL, reap. Never panics.
+fn kill_child(state: &mut ServerState) {
+    if let Some(mut child) = state.child.take() {
+        if state.paused {
+            let _ = signal(child.id(), "CONT");
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    state.paused = false;
+}
+
+fn logs_of(dir: &Path) -> String {
+    let mut out = read_lossy(&dir.join("redis.log"));
+    let stderr = fs::read(dir.join("stderr.log")).unwrap_or_default();
+    if !stderr.is_empty() {
+        out.push_str("\n--- stderr ---\n");
+        out.push_str(&String::from_utf8_lossy(&stderr));
+    }
+    out
+}
+
+/// Spawns redis-server on `port` and waits until *it* (checked by pid)
+/// answers; on failure the child is killed and reaped.
+fn launch(bin: &Path, port: u16, dir: &Path, extra_args: &[String]) -> Result<Child, String> {
+    let stderr = File::options()
+        .create(true)
+        .append(true)
+        .open(dir.join("stderr.log"))
+        .map_err(|e| format!("cannot create stderr.log: {e}"))?;
+    let mut child = Command::new(bin)
+        .arg("--port")
+        .arg(port.to_string())
+        .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .args(["--daemonize", "no", "--logfile"])
+        .arg(dir.join("redis.log"))
+        .arg("--dir")
+        .arg(dir)
+        .args(extra_args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .map_err(|e| format!("cannot spawn redis-server: {e}"))?;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let pid = child.id().to_string();
+    let deadline = Instant::now() + STARTUP_TIMEOUT;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("redis-server exited early ({status})"));
+        }
+        if ping(addr, Duration::from_millis(200)) {
+            // Make sure it is *our* process that answered, not some other
+            // server that grabbed the port first.
+            let info = raw_command(addr, &["INFO", "server"], ADMIN_TIMEOUT);
+            let ours = matches!(&info, Ok(Resp::Bulk(Some(b)))
+                if String::from_utf8_lossy(b).lines().any(|l| l.trim() == format!("process_id:{pid}")));
+            if ours {
+                return Ok(child);
+            }
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!(
+                "redis-server did not answer PING within {STARTUP_TIMEOUT:?}"
+            ));
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Proxy
+// ---------------------------------------------------------------------------
+
+/// One client connection and its upstream connection.
+struct Pair {
+    id: u64,
+    client: TcpStream,
+    upstream: TcpStream,
+    /// Set by `cut()` / teardown; wakes stalled forwarders.
+    closed: AtomicBool,
+    /// Set (before forwarding) when `cut_after_request` fires on this pair:
+    /// nothing more is forwarded to the client.
+    doomed: AtomicBool,
+}
+
+impl Pair {
+    fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        let _ = self.client.shutdown(Shutdown::Both);
+        let _ = self.upstream.shutdown(Shutdown::Both);
+    }
+}
+
+struct ProxyShared {
+    upstream: SocketAddr,
+    shutdown: AtomicBool,
+    stalled: Mutex<bool>,
+    stall_cv: Condvar,
+    delay: Mutex<Duration>,
+    pairs: Mutex<HashMap<u64, Arc<Pair>>>,
+    next_id: AtomicU64,
+    total: AtomicUsize,
+    trigger: Mutex<Option<Vec<u8>>>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl ProxyShared {
+    /// Wakes everything waiting on the stall condvar (taking the lock first
+    /// so a waiter cannot miss a flag set just before).
+    fn wake(&self) {
+        let _guard = lock(&self.stalled);
+        self.stall_cv.notify_all();
+    }
+
+    /// Blocks while stalled; `false` if the pair was closed or the proxy is
+    /// shutting down in the meantime.
+    fn wait_not_stalled(&self, pair: &Pair) -> bool {
+        let guard = lock(&self.stalled);
+        let _guard = self
+            .stall_cv
+            .wait_while(guard, |stalled| {
+                *stalled
+                    && !self.shutdown.load(Ordering::SeqCst)
+                    && !pair.closed.load(Ordering::SeqCst)
+            })
+            .unwrap_or_else(PoisonError::into_inner);
+        !self.shutdown.load(Ordering::SeqCst) && !pair.closed.load(Ordering::SeqCst)
+    }
+
+    fn remove(&self, pair: &Pair) {
+        pair.close();
+        lock(&self.pairs).remove(&pair.id);
+        self.wake();
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    ToUpstream,
+    ToClient,
+}
+
+/// A TCP proxy on 127.0.0.1 in front of a Redis server, for fault injection.
+///
+/// Two blocking forwarding threads per connection. Chunks are forwarded as
+/// read (up to 16 KiB); [`Proxy::cut_after_request`] matches within a single
+/// chunk only, which is fine for commands a client writes in one go.
+/// Dropping the proxy closes every connection and joins all threads.
+pub struct Proxy {
+    addr: SocketAddr,
+    shared: Arc<ProxyShared>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl Proxy {
+    /// Starts a proxy on a free loopback port forwarding to `upstream`.
+    /// If `upstream` refuses a connection, the client connection is closed.
+    pub fn start(upstream: SocketAddr) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("proxy bind");
+        let addr = listener.local_addr().expect("proxy local_addr");
+        let shared = Arc::new(ProxyShared {
+            upstream,
+            shutdown: AtomicBool::new(false),
+            stalled: Mutex::new(false),
+            stall_cv: Condvar::new(),
+            delay: Mutex::new(Duration::ZERO),
+            pairs: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
+            total: AtomicUsize::new(0),
+            trigger: Mutex::new(None),
+            workers: Mutex::new(Vec::new()),
+        });
+        let acceptor = {
+            let shared = Arc::clone(&shared);
+            thread::Builder::new()
+                .name(format!("proxy-accept-{}", addr.port()))
+                .spawn(move || accept_loop(listener, shared))
+                .expect("spawn proxy accept thread")
+        };
+        Proxy {
+            addr,
+            shared,
+            acceptor: Some(acceptor),
+        }
+    }
+
+    /// The proxy's listening address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The proxy's listening port.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// `redis://127.0.0.1:port/` of the proxy.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.addr.port())
+    }
+
+    /// The upstream address.
+    pub fn upstream(&self) -> SocketAddr {
+        self.shared.upstream
+    }
+
+    /// Immediately shuts down both sockets of every open connection pair;
+    /// returns how many pairs were cut. New connections are still accepted.
+    pub fn cut(&self) -> usize {
+        let pairs: Vec<Arc<Pair>> = lock(&self.shared.pairs).drain().map(|(_, p)| p).collect();
+        for pair in &pairs {
+            pair.close();
+        }
+        self.shared.wake();
+        pairs.len()
+    }
+
+    /// While on, nothing is forwarded in either direction, on existing and
+    /// new connections alike (connections are still accepted). Bytes already
+    /// read are held back, not dropped, and flow once stalling is switched
+    /// off.
+    pub fn stall(&self, on: bool) {
+        *lock(&self.shared.stalled) = on;
+        self.shared.stall_cv.notify_all();
+    }
+
+    /// Sleeps this long before forwarding each chunk, in each direction
+    /// (so a request/reply round trip gains about twice `delay`).
+    pub fn set_delay(&self, delay: Duration) {
+        *lock(&self.shared.delay) = delay;
+    }
+
+    /// Number of client connections accepted so far.
+    pub fn connections_total(&self) -> usize {
+        self.shared.total.load(Ordering::SeqCst)
+    }
+
+    /// Number of connection pairs currently open.
+    pub fn connections_open(&self) -> usize {
+        lock(&self.shared.pairs).len()
+    }
+
+    /// Arms a one-shot trigger: the next client→server chunk containing
+    /// `pattern` is forwarded to the server, then that connection is cut
+    /// before any reply reaches the client ("request executed, reply lost").
+    ///
+    /// Precisely: the client socket is shut down at once; the upstream
+    /// socket gets a write-shutdown (FIN after the request, so Redis is
+    /// guaranteed to read and execute it) and whatever Redis sends back on it
+    /// is discarded — including replies to earlier pipelined requests that
+    /// had not been forwarded yet. Re-arming replaces a pending pattern.
+    pub fn cut_after_request(&self, pattern: &[u8]) {
+        assert!(!pattern.is_empty(), "cut_after_request: empty pattern");
+        *lock(&self.shared.trigger) = Some(pattern.to_vec());
+    }
+
+    /// `true` while a [`Proxy::cut_after_request`] trigger has not fired.
+    pub fn armed(&self) -> bool {
+        lock(&self.shared.trigger).is_some()
+    }
+
+    /// Cancels a pending [`Proxy::cut_after_request`] trigger.
+    pub fn disarm(&self) {
+        *lock(&self.shared.trigger) = None;
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        self.shared.wake();
+        // Unblock accept().
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if let Some(acceptor) = self.acceptor.take() {
+            let _ = acceptor.join();
+        }
+        // No new pairs can appear now; unblock every read/write.
+        self.cut();
+        let workers: Vec<JoinHandle<()>> = lock(&self.shared.workers).drain(..).collect();
+        for worker in workers {
+            let _ = worker.join();
+        }
+    }
+}
+
+fn accept_loop(listener: TcpListener, shared: Arc<ProxyShared>) {
+    for incoming in listener.incoming() {
+        if shared.shutdown.load(Ordering::SeqCst) {
+            break;
+        }
+        let Ok(client) = incoming else {
+            thread::sleep(Duration::from_millis(5));
+            continue;
+        };
+        shared.total.fetch_add(1, Ordering::SeqCst);
+        let Ok(upstream) = TcpStream::connect_timeout(&shared.upstream, Duration::from_secs(2))
+        else {
+            let _ = client.shutdown(Shutdown::Both);
+            continue;
+        };
+        let _ = client.set_nodelay(true);
+        let _ = upstream.set_nodelay(true);
+        let clones = (|| {
+            Some((
+                client.try_clone().ok()?,
+                upstream.try_clone().ok()?,
+                client.try_clone().ok()?,
+                upstream.try_clone().ok()?,
+            ))
+        })();
+        let Some((c_read, u_write, c_write, u_read)) = clones else {
+            continue;
+        };
+        let id = shared.next_id.fetch_add(1, Ordering::SeqCst);
+        let pair = Arc::new(Pair {
+            id,
+            client,
+            upstream,
+            closed: AtomicBool::new(false),
+            doomed: AtomicBool::new(false),
+        });
+        lock(&shared.pairs).insert(id, Arc::clone(&pair));
+
+        let mut workers = lock(&shared.workers);
+        workers.retain(|h| !h.is_finished());
+        for (dir, reader, writer, name) in [
+            (Direction::ToUpstream, c_read, u_write, "c2u"),
+            (Direction::ToClient, u_read, c_write, "u2c"),
+        ] {
+            let (shared, pair2) = (Arc::clone(&shared), Arc::clone(&pair));
+            let spawned = thread::Builder::new()
+                .name(format!("proxy-{name}-{id}"))
+                .spawn(move || pump(&shared, &pair2, dir, reader, writer));
+            match spawned {
+                Ok(handle) => workers.push(handle),
+                Err(_) => pair.close(),
+            }
+        }
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+fn pump(
+    shared: &ProxyShared,
+    pair: &Pair,
+    dir: Direction,
+    mut reader: TcpStream,
+    mut writer: TcpStream,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match reader.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let chunk = &buf[..n];
+        if !shared.wait_not_stalled(pair) {
+            break;
+        }
+        let delay = *lock(&shared.delay);
+        if !delay.is_zero() {
+            thread::sleep(delay);
+        }
+        match dir {
+            Direction::ToClient => {
+                if pair.doomed.load(Ordering::SeqCst) {
+                    // Reply of the request that fired the trigger (or later):
+                    // swallow everything until the server closes.
+                    while matches!(reader.read(&mut buf), Ok(n) if n > 0) {}
+                    break;
+                }
+            }
+            Direction::ToUpstream => {
+                let fire = {
+                    let mut trigger = lock(&shared.trigger);
+                    let hit = trigger.as_deref().is_some_and(|p| contains(chunk, p));
+                    if hit {
+                        *trigger = None;
+                    }
+                    hit
+                };
+                if fire {
+                    // Doom first: any reply is produced after this write, so
+                    // the other direction is guaranteed to see the flag.
+                    pair.doomed.store(true, Ordering::SeqCst);
+                    let _ = writer.write_all(chunk);
+                    let _ = pair.client.shutdown(Shutdown::Both);
+                    let _ = pair.upstream.shutdown(Shutdown::Write);
+                    // The ToClient side drains upstream and tears the pair down.
+                    return;
+                }
+            }
+        }
+        if writer.write_all(chunk).is_err() {
+            break;
+        }
+    }
+    shared.remove(pair);
+}
