@@ -12,6 +12,9 @@ use crate::lock::{check_lease, duration_ms, Lock, MIN_RENEW_INTERVAL};
 use crate::pubsub::{PubSub, Target};
 use crate::watchdog::{LostCallback, Watchdog};
 
+/// The longest `connection_timeout` or `response_timeout` accepted.
+const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
 static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
 static NEXT_THREAD_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -259,6 +262,11 @@ impl ClientBuilder {
             if d.is_zero() {
                 return Err(Error::invalid(format!(
                     "{what} is zero: use a positive duration"
+                )));
+            }
+            if d > MAX_TIMEOUT {
+                return Err(Error::invalid(format!(
+                    "{what} of {d:?} is too long: use at most {MAX_TIMEOUT:?}"
                 )));
             }
         }

@@ -34,13 +34,17 @@ pub(crate) struct Hold {
     pub(crate) field: String,
     /// Guards alive for this owner; changed only by the owning thread.
     count: AtomicU32,
-    /// Lease of the latest acquisition, re-applied on partial release.
-    lease_ms: AtomicU64,
+    /// Of those, the guards taken without a lease (renewed by the watchdog).
+    watched: AtomicU32,
+    /// The watchdog's lease, while watched guards remain.
+    watch_lease_ms: AtomicU64,
+    /// The lease of the latest acquisition with an explicit lease: what bounds
+    /// the hold again once no watched guard remains.
+    explicit_lease_ms: AtomicU64,
     /// Last confirmed acquisition or renewal (the time it was sent) + lease.
     valid_until: AtomicU64,
     lost: AtomicBool,
     released: AtomicBool,
-    watched: AtomicBool,
     /// The watchdog's key for this hold while it is scheduled; read and
     /// written only under the watchdog's schedule lock.
     schedule_key: parking_lot::Mutex<Option<(Instant, u64)>>,
@@ -53,11 +57,12 @@ impl Hold {
             name: name.to_owned(),
             field,
             count: AtomicU32::new(0),
-            lease_ms: AtomicU64::new(0),
+            watched: AtomicU32::new(0),
+            watch_lease_ms: AtomicU64::new(0),
+            explicit_lease_ms: AtomicU64::new(0),
             valid_until: AtomicU64::new(0),
             lost: AtomicBool::new(false),
             released: AtomicBool::new(false),
-            watched: AtomicBool::new(false),
             schedule_key: parking_lot::Mutex::new(None),
         }
     }
@@ -66,11 +71,23 @@ impl Hold {
         self.count.load(Ordering::Acquire)
     }
 
-    /// Records a successful acquisition sent at `sent` with `lease_ms`.
-    pub(crate) fn acquired(&self, sent: Instant, lease_ms: u64) {
+    /// Records a successful acquisition sent at `sent` with `lease_ms`;
+    /// `true` if it is the first watched guard (the caller starts renewal).
+    pub(crate) fn acquired(&self, sent: Instant, lease_ms: u64, watched: bool) -> bool {
         self.count.fetch_add(1, Ordering::AcqRel);
-        self.lease_ms.store(lease_ms, Ordering::Release);
         self.confirm(sent, lease_ms);
+        if watched {
+            self.watch_lease_ms.store(lease_ms, Ordering::Release);
+            self.watched.fetch_add(1, Ordering::AcqRel) == 0
+        } else {
+            self.explicit_lease_ms.store(lease_ms, Ordering::Release);
+            false
+        }
+    }
+
+    /// Renewed by the watchdog: active with at least one watched guard.
+    pub(crate) fn is_watched(&self) -> bool {
+        self.is_active() && self.watched.load(Ordering::Acquire) > 0
     }
 
     /// Records that Redis held the lease for `lease_ms` from `sent` on.
@@ -104,11 +121,6 @@ impl Hold {
 
     pub(crate) fn take_schedule_key(&self) -> Option<(Instant, u64)> {
         self.schedule_key.lock().take()
-    }
-
-    /// Claims the watchdog entry; `true` if the caller must register it.
-    pub(crate) fn start_watch(&self) -> bool {
-        !self.watched.swap(true, Ordering::AcqRel)
     }
 }
 
@@ -302,15 +314,18 @@ pub(crate) fn settle(client_id: u64, cancels: &[Arc<PendingCancel>]) {
 pub struct LockGuard {
     client: Client,
     hold: Arc<Hold>,
+    /// Taken without a lease: renewed by the watchdog.
+    watched: bool,
     done: bool,
     _not_send: PhantomData<std::sync::MutexGuard<'static, ()>>,
 }
 
 impl LockGuard {
-    pub(crate) fn new(client: Client, hold: Arc<Hold>) -> LockGuard {
+    pub(crate) fn new(client: Client, hold: Arc<Hold>, watched: bool) -> LockGuard {
         LockGuard {
             client,
             hold,
+            watched,
             done: false,
             _not_send: PhantomData,
         }
@@ -381,14 +396,20 @@ impl LockGuard {
             // and a late renewal result cannot mark it lost.
             hold.released.store(true, Ordering::Release);
             remove_hold(hold);
-            if hold.watched.load(Ordering::Acquire) {
-                self.client.shared.watchdog.unwatch(hold);
-            }
         }
+        if self.watched && hold.watched.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // The last watched guard: the watchdog stops, and what is left
+            // (explicit-lease guards) is bounded by its own lease again.
+            self.client.shared.watchdog.unwatch(hold);
+        }
+        let lease_ms = if hold.watched.load(Ordering::Acquire) > 0 {
+            hold.watch_lease_ms.load(Ordering::Acquire)
+        } else {
+            hold.explicit_lease_ms.load(Ordering::Acquire)
+        };
         let shared = &self.client.shared;
         let channel = scripts::channel_name(&hold.name);
         let latch = scripts::unlock_latch_name(&hold.name, &shared.request_id(&hold.field));
-        let lease_ms = hold.lease_ms.load(Ordering::Acquire);
         let latch_ms = shared.latch_ttl_ms();
         let pending = pending_cancels(hold.client_id, &hold.name);
         let reply: Option<i64> = shared.redis.run(|conn| {

@@ -391,6 +391,17 @@ impl Lock {
         settle(shared.id, &pending);
         match reply {
             None => {}
+            Some(-4) => {
+                // This thread's earlier holds are gone on the server (lease ran
+                // out, deleted): their guards are lost, and this acquisition
+                // starts afresh (owner_state skips a lost hold).
+                if let Some(old) = &existing {
+                    shared
+                        .watchdog
+                        .report_lost(old, "its key or owner field is gone from redis");
+                }
+                return self.attempt(terms);
+            }
             Some(ttl) if ttl >= 0 => {
                 return Ok(Attempt::Busy(Some(Duration::from_millis(
                     ttl.unsigned_abs(),
@@ -403,16 +414,18 @@ impl Lock {
             insert_hold(&hold);
             hold
         });
-        hold.acquired(sent, terms.lease_ms);
-        let guard = LockGuard::new(self.client.clone(), Arc::clone(&hold));
-        if let Some(interval) = terms.renew {
-            if hold.start_watch() {
-                // The guard releases the lock if the watchdog cannot start.
-                shared
-                    .watchdog
-                    .watch(&hold, interval, terms.lease_ms)
-                    .map_err(|e| Error::Pool(format!("cannot start the watchdog thread: {e}")))?;
-            }
+        let first_watched = hold.acquired(sent, terms.lease_ms, terms.renew.is_some());
+        let guard = LockGuard::new(
+            self.client.clone(),
+            Arc::clone(&hold),
+            terms.renew.is_some(),
+        );
+        if let (true, Some(interval)) = (first_watched, terms.renew) {
+            // The guard releases the lock if the watchdog cannot start.
+            shared
+                .watchdog
+                .watch(&hold, interval, terms.lease_ms)
+                .map_err(|e| Error::Pool(format!("cannot start the watchdog thread: {e}")))?;
         }
         Ok(Attempt::Acquired(guard))
     }

@@ -273,7 +273,8 @@ impl PubSub {
         if created {
             inner.flush();
         }
-        let mut until = Instant::now() + inner.response_timeout;
+        let now = Instant::now();
+        let mut until = now.checked_add(inner.response_timeout).unwrap_or(now);
         if let Some(d) = deadline {
             until = until.min(d);
         }

@@ -47,6 +47,10 @@ struct State {
     schedule: BTreeMap<Key, Entry>,
     /// Lost acquisitions to undo, with the time of their next try.
     cancels: Vec<(Instant, Arc<PendingCancel>)>,
+    /// While the thread sleeps: when it wakes by itself (`None` while it
+    /// works; it reads the schedule again before it sleeps). A new entry due
+    /// earlier than this wakes it; any other lets it sleep.
+    sleeping_until: Option<Instant>,
     seq: u64,
     started: bool,
     shutdown: bool,
@@ -87,6 +91,7 @@ impl Watchdog {
                 state: Mutex::new(State {
                     schedule: BTreeMap::new(),
                     cancels: Vec::new(),
+                    sleeping_until: None,
                     seq: 0,
                     started: false,
                     shutdown: false,
@@ -119,9 +124,8 @@ impl Watchdog {
     ) -> std::io::Result<()> {
         self.schedule(|st| {
             let due = Instant::now() + interval;
-            let earliest = st.schedule.first_key_value().is_none_or(|(k, _)| due < k.0);
             st.insert(due, hold, interval, lease_ms);
-            earliest
+            st.sleeping_until.is_some_and(|t| due < t)
         })
     }
 
@@ -132,6 +136,12 @@ impl Watchdog {
         if let Some(key) = hold.take_schedule_key() {
             st.schedule.remove(&key);
         }
+    }
+
+    /// Marks `hold` lost (found out by its owner rather than by a renewal)
+    /// and reports it like the watchdog does.
+    pub(crate) fn report_lost(&self, hold: &Hold, why: &str) {
+        self.inner.lose(hold, why);
     }
 
     /// Undoes a lost acquisition in the background, retrying until it is
@@ -222,12 +232,17 @@ impl Inner {
                 (a, b) => a.or(b),
             };
             match next {
-                None => self.wake.wait(&mut st),
+                None => {
+                    st.sleeping_until = Some(far_future());
+                    self.wake.wait(&mut st);
+                }
                 Some(at) if at > Instant::now() => {
+                    st.sleeping_until = Some(at);
                     self.wake.wait_until(&mut st, at);
                 }
                 Some(_) => break,
             }
+            st.sleeping_until = None;
         }
         let now = Instant::now();
         let mut cancels = Vec::new();
@@ -245,7 +260,7 @@ impl Inner {
                 break;
             }
             let e = entry.remove();
-            if let Some(hold) = e.hold.upgrade().filter(|h| h.is_active()) {
+            if let Some(hold) = e.hold.upgrade().filter(|h| h.is_watched()) {
                 hold.set_schedule_key(None);
                 batch.push(Renewal {
                     hold,
@@ -346,7 +361,7 @@ impl Inner {
         for (at, r) in again {
             // Checked under the lock that `unwatch` takes: a hold released
             // during the round trip is not scheduled again.
-            if r.hold.is_active() {
+            if r.hold.is_watched() {
                 st.insert(at, &r.hold, r.interval, r.lease_ms);
             }
         }
@@ -364,6 +379,12 @@ impl Inner {
             }
         }
     }
+}
+
+fn far_future() -> Instant {
+    let now = Instant::now();
+    now.checked_add(Duration::from_secs(100 * 365 * 24 * 3600))
+        .unwrap_or(now)
 }
 
 /// One round trip: a pipeline of renewal scripts, [`CHUNK`] locks each.

@@ -7,7 +7,10 @@
 -- ARGV[3] hold count after this acquisition (the caller's local count + 1)
 -- ARGV[4..] TTL in ms of each marker in KEYS[3..]
 -- Returns nil when acquired, -3 when the caller already cancelled this request,
--- else the holder's remaining TTL in ms (PTTL; -1 if the holder set no lease).
+-- -4 when the caller believes it holds the lock (re-entry) but its field is
+-- gone (its holds were lost: lease ran out, deleted) -- nothing is written and
+-- it must acquire afresh --, else the holder's remaining TTL in ms (PTTL; -1
+-- if the holder set no lease).
 -- The count is written absolutely (HSET, not HINCRBY), so running the same
 -- request twice after a lost reply cannot count one acquisition twice.
 for i = 3, #KEYS do
@@ -16,7 +19,11 @@ end
 if redis.call('exists', KEYS[2]) == 1 then
     return -3
 end
-if (redis.call('exists', KEYS[1]) == 0) or (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then
+local mine = redis.call('hexists', KEYS[1], ARGV[2]) == 1
+if (not mine) and tonumber(ARGV[3]) > 1 then
+    return -4
+end
+if mine or (redis.call('exists', KEYS[1]) == 0) then
     redis.call('hset', KEYS[1], ARGV[2], ARGV[3])
     redis.call('pexpire', KEYS[1], ARGV[1])
     return nil
