@@ -278,8 +278,12 @@ impl ClientBuilder {
                 MIN_RENEW_INTERVAL * 2
             )));
         }
-        let redis_client = redis::Client::open(self.url.as_str())
-            .map_err(|e| Error::InvalidUrl(format!("{}: {e}", redact(&self.url))))?;
+        let redis_client = redis::Client::open(self.url.as_str()).map_err(|e| {
+            Error::InvalidUrl(format!(
+                "{:?}: {e}; use redis://[user:password@]host[:port][/db] or redis+unix:///path",
+                redact(&self.url)
+            ))
+        })?;
         let target = Target::from_info(redis_client.get_connection_info())?;
         let epoch = Arc::new(AtomicU64::new(0));
         let manager = Manager::new(

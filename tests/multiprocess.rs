@@ -1,0 +1,308 @@
+//! The lock across OS processes: worker processes (this test binary run
+//! again, see `worker`) increment a shared counter under the lock with no lost
+//! update, and a holder process killed with SIGKILL is waited out by its lease
+//! (explicit or watchdog) within the lease + 2 s.
+
+mod support;
+
+use std::env;
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redlease::Client;
+use support::{wait_until, RedisServer};
+
+/// Selects the worker's job; absent in a normal test run.
+const ROLE: &str = "REDLEASE_MP_ROLE";
+const URL: &str = "REDLEASE_MP_URL";
+const THREADS: &str = "REDLEASE_MP_THREADS";
+const ROUNDS: &str = "REDLEASE_MP_ROUNDS";
+/// What a holder worker prints once it holds the lock.
+const ACQUIRED: &str = "REDLEASE-WORKER-ACQUIRED";
+const LOCK: &str = "mp:lock";
+const COUNTER: &str = "mp:counter";
+const WAIT: Duration = Duration::from_secs(10);
+/// Lease of the killed holder (explicit, or its watchdog_timeout).
+const HOLDER_LEASE: Duration = Duration::from_secs(2);
+
+fn env_usize(name: &str) -> usize {
+    env::var(name)
+        .unwrap_or_else(|_| panic!("{name} is not set"))
+        .parse()
+        .unwrap_or_else(|_| panic!("{name} is not a number"))
+}
+
+// ---------------------------------------------------------------------------
+// The worker side
+// ---------------------------------------------------------------------------
+
+/// Not a test of its own: the entry point of the worker processes the other
+/// tests start. Returns at once in a normal run.
+#[test]
+fn worker() {
+    let Ok(role) = env::var(ROLE) else {
+        return;
+    };
+    let url = env::var(URL).expect("REDLEASE_MP_URL");
+    match role.as_str() {
+        "count" => count_worker(&url),
+        "hold-lease" => hold_worker(&url, true),
+        "hold-watchdog" => hold_worker(&url, false),
+        other => panic!("unknown worker role {other:?}"),
+    }
+}
+
+/// Waits at the cross-process start gate, then each thread does ROUNDS
+/// GET/SET increments of COUNTER under LOCK.
+fn count_worker(url: &str) {
+    let threads = env_usize(THREADS);
+    let rounds = env_usize(ROUNDS);
+    let client = Client::open(url).expect("worker client");
+    let redis = redis::Client::open(url).unwrap();
+    let mut admin = redis.get_connection().unwrap();
+    let _: i64 = redis::cmd("INCR")
+        .arg("mp:ready")
+        .query(&mut admin)
+        .unwrap();
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let lock = client.lock(LOCK);
+            let mut conn = redis.get_connection().unwrap();
+            thread::spawn(move || {
+                let go: Option<(String, String)> = redis::cmd("BLPOP")
+                    .arg("mp:go")
+                    .arg(30)
+                    .query(&mut conn)
+                    .unwrap();
+                go.expect("the start signal within 30 s");
+                for _ in 0..rounds {
+                    let guard = lock.lock().expect("lock() in a worker");
+                    let n: Option<u64> = redis::cmd("GET").arg(COUNTER).query(&mut conn).unwrap();
+                    let _: () = redis::cmd("SET")
+                        .arg(COUNTER)
+                        .arg(n.unwrap_or(0) + 1)
+                        .query(&mut conn)
+                        .unwrap();
+                    guard.ensure_held().expect("still held");
+                    guard.unlock().expect("unlock() in a worker");
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("a worker thread panicked");
+    }
+}
+
+/// Takes LOCK (with an explicit lease, or watched with watchdog_timeout =
+/// HOLDER_LEASE), says so on stdout, then holds it until killed (at most
+/// 60 s).
+fn hold_worker(url: &str, explicit_lease: bool) {
+    let client = Client::builder(url)
+        .watchdog_timeout(HOLDER_LEASE)
+        .build()
+        .expect("worker client");
+    let lock = client.lock(LOCK);
+    let guard = if explicit_lease {
+        lock.lock_with_lease(HOLDER_LEASE).unwrap()
+    } else {
+        let g = lock.lock().unwrap();
+        // Show the watchdog at work before the parent kills us.
+        wait_until("two renewals", WAIT, || client.stats().renewals >= 2);
+        g
+    };
+    let mut out = std::io::stdout();
+    writeln!(out, "\n{ACQUIRED}").unwrap();
+    out.flush().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(100));
+    }
+    drop(guard);
+}
+
+// ---------------------------------------------------------------------------
+// The parent side
+// ---------------------------------------------------------------------------
+
+static WORKERS: AtomicUsize = AtomicUsize::new(0);
+
+/// A worker process, killed and reaped on drop; its output goes to a file.
+struct Worker {
+    child: Child,
+    out: PathBuf,
+}
+
+impl Worker {
+    fn spawn(role: &str, url: &str, vars: &[(&str, String)]) -> Worker {
+        let out = env::temp_dir().join(format!(
+            "redlease-mp-{}-{}.log",
+            std::process::id(),
+            WORKERS.fetch_add(1, Ordering::Relaxed)
+        ));
+        let file = File::create(&out).expect("worker log file");
+        let child = Command::new(env::current_exe().expect("current_exe"))
+            .args(["--exact", "worker", "--nocapture", "--test-threads", "1"])
+            .env(ROLE, role)
+            .env(URL, url)
+            .envs(vars.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .expect("spawn a worker process");
+        Worker { child, out }
+    }
+
+    fn output(&self) -> String {
+        fs::read_to_string(&self.out).unwrap_or_default()
+    }
+
+    /// Waits (bounded) for the process to exit and checks it succeeded.
+    fn wait_success(&mut self, within: Duration) {
+        let mut status = None;
+        wait_until("a worker process to exit", within, || {
+            status = self.child.try_wait().expect("try_wait");
+            status.is_some()
+        });
+        let status = status.unwrap();
+        assert!(
+            status.success(),
+            "worker failed ({status}):\n{}",
+            self.output()
+        );
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = fs::remove_file(&self.out);
+    }
+}
+
+#[test]
+fn no_lost_update_across_processes() {
+    const PROCESSES: usize = 3;
+    const THREADS_EACH: usize = 3;
+    const ROUNDS_EACH: usize = 100;
+    let srv = RedisServer::start();
+    let vars = [
+        (THREADS, THREADS_EACH.to_string()),
+        (ROUNDS, ROUNDS_EACH.to_string()),
+    ];
+    let mut workers: Vec<Worker> = (0..PROCESSES)
+        .map(|_| Worker::spawn("count", &srv.url(), &vars))
+        .collect();
+    wait_until(
+        "every worker process to be ready",
+        Duration::from_secs(30),
+        || srv.cmd(&["GET", "mp:ready"]) == PROCESSES.to_string(),
+    );
+    let mut conn = srv.conn();
+    let started = Instant::now();
+    let tokens = vec!["go"; PROCESSES * THREADS_EACH];
+    let _: i64 = redis::cmd("RPUSH")
+        .arg("mp:go")
+        .arg(&tokens)
+        .query(&mut conn)
+        .unwrap();
+    for w in &mut workers {
+        w.wait_success(Duration::from_secs(60));
+    }
+    let took = started.elapsed();
+    let n: u64 = redis::cmd("GET").arg(COUNTER).query(&mut conn).unwrap();
+    assert_eq!(
+        n,
+        (PROCESSES * THREADS_EACH * ROUNDS_EACH) as u64,
+        "lost updates across processes"
+    );
+    let exists: bool = redis::cmd("EXISTS").arg(LOCK).query(&mut conn).unwrap();
+    assert!(!exists, "the lock is free at the end");
+    eprintln!(
+        "FIGURE: {PROCESSES} processes x {THREADS_EACH} threads x {ROUNDS_EACH} GET/SET sections \
+         under one lock: {:.0} ms ({:.0} sections/s)",
+        took.as_secs_f64() * 1000.0,
+        n as f64 / took.as_secs_f64()
+    );
+}
+
+/// Starts a holder worker of `role`, blocks a waiter of this process in
+/// lock(), kills the holder with SIGKILL and returns kill -> acquired.
+fn kill_holder_and_measure(role: &str) -> Duration {
+    let srv = RedisServer::start();
+    let mut holder = Worker::spawn(role, &srv.url(), &[]);
+    wait_until(
+        &format!("the {role} worker to acquire"),
+        Duration::from_secs(30),
+        || holder.output().contains(ACQUIRED),
+    );
+
+    let client = Client::builder(&srv.url())
+        .watchdog_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let lock = client.lock(LOCK);
+    assert!(lock.is_locked().unwrap(), "the worker holds the lock");
+    assert_eq!(lock.hold_count().unwrap(), 0);
+
+    let (tx, rx) = mpsc::channel();
+    let waiter = lock.clone();
+    thread::spawn(move || {
+        let result = waiter.lock().map(|g| {
+            let at = Instant::now();
+            drop(g);
+            at
+        });
+        let _ = tx.send(result.map_err(|e| e.to_string()));
+    });
+    wait_until("the waiter to block in lock()", WAIT, || {
+        client.stats().subscribed_channels == 1
+    });
+    let pttl: i64 = redis::cmd("PTTL").arg(LOCK).query(&mut srv.conn()).unwrap();
+    assert!(
+        pttl > 0,
+        "the worker's lock expired before the kill (PTTL {pttl})"
+    );
+    assert!(
+        matches!(rx.try_recv(), Err(mpsc::TryRecvError::Empty)),
+        "the waiter acquired while the worker held the lock"
+    );
+
+    let killed = Instant::now();
+    holder.child.kill().expect("SIGKILL the holder");
+    holder.child.wait().expect("reap the holder");
+    let bound = HOLDER_LEASE + Duration::from_secs(2);
+    let acquired = rx
+        .recv_timeout(bound + WAIT)
+        .expect("the waiter to acquire after the holder died")
+        .expect("the waiter's lock()");
+    let delay = acquired - killed;
+    assert!(
+        delay < bound,
+        "{role}: acquired {delay:?} after the kill, beyond the lease + 2 s"
+    );
+    eprintln!(
+        "FIGURE: {role}: holder killed with SIGKILL (PTTL {pttl} ms just before) -> \
+         waiter in another process acquired after {:.0} ms (lease {HOLDER_LEASE:?})",
+        delay.as_secs_f64() * 1000.0
+    );
+    delay
+}
+
+#[test]
+fn killed_holder_with_explicit_lease_is_waited_out() {
+    kill_holder_and_measure("hold-lease");
+}
+
+#[test]
+fn killed_holder_with_watchdog_lease_is_waited_out() {
+    kill_holder_and_measure("hold-watchdog");
+}
