@@ -64,13 +64,16 @@ pub(crate) struct Shared {
 impl Shared {
     /// `<client-uuid>:<thread-id>` for the current thread.
     pub(crate) fn owner_field(&self) -> String {
-        format!("{}:{}", self.uuid, thread_id())
+        use std::fmt::Write;
+        let mut field = String::with_capacity(self.uuid.len() + 21);
+        field.push_str(&self.uuid);
+        let _ = write!(field, ":{}", thread_id());
+        field
     }
 
-    /// A request id unique to this client.
-    pub(crate) fn request_id(&self, field: &str) -> String {
-        let n = self.next_request.fetch_add(1, Ordering::Relaxed);
-        format!("{field}:{n}")
+    /// A number unique to this client, for request ids.
+    pub(crate) fn next_request(&self) -> u64 {
+        self.next_request.fetch_add(1, Ordering::Relaxed)
     }
 
     /// How long a release latch or an acquire cancel marker lives: long

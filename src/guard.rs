@@ -31,6 +31,8 @@ fn from_nanos(n: u64) -> Instant {
 pub(crate) struct Hold {
     pub(crate) client_id: u64,
     pub(crate) name: String,
+    /// The release channel (`scripts::channel_name`).
+    pub(crate) channel: String,
     pub(crate) field: String,
     /// Guards alive for this owner; changed only by the owning thread.
     count: AtomicU32,
@@ -51,10 +53,11 @@ pub(crate) struct Hold {
 }
 
 impl Hold {
-    pub(crate) fn new(client_id: u64, name: &str, field: String) -> Hold {
+    pub(crate) fn new(client_id: u64, name: &str, channel: &str, field: String) -> Hold {
         Hold {
             client_id,
             name: name.to_owned(),
+            channel: channel.to_owned(),
             field,
             count: AtomicU32::new(0),
             watched: AtomicU32::new(0),
@@ -408,13 +411,12 @@ impl LockGuard {
             hold.explicit_lease_ms.load(Ordering::Acquire)
         };
         let shared = &self.client.shared;
-        let channel = scripts::channel_name(&hold.name);
-        let latch = scripts::unlock_latch_name(&hold.name, &shared.request_id(&hold.field));
+        let latch = scripts::unlock_latch_name(&hold.name, &hold.field, shared.next_request());
         let latch_ms = shared.latch_ttl_ms();
         let pending = pending_cancels(hold.client_id, &hold.name);
         let reply: Option<i64> = shared.redis.run(|conn| {
             scripts::RELEASE.run(conn, 3 + pending.len(), |cmd| {
-                cmd.arg(&hold.name).arg(&channel).arg(&latch);
+                cmd.arg(&hold.name).arg(&hold.channel).arg(&latch);
                 for p in &pending {
                     cmd.arg(&p.marker);
                 }

@@ -37,6 +37,8 @@ const NO_TTL_RECHECK: Duration = Duration::from_secs(1);
 pub struct Lock {
     client: Client,
     name: String,
+    /// The release channel, computed once.
+    channel: String,
     renew_interval: Option<Duration>,
 }
 
@@ -80,6 +82,7 @@ impl Lock {
     pub(crate) fn new(client: Client, name: String) -> Lock {
         Lock {
             client,
+            channel: scripts::channel_name(&name),
             name,
             renew_interval: None,
         }
@@ -256,10 +259,9 @@ impl Lock {
     /// Empty name, or a Redis or pool error.
     pub fn force_unlock(&self) -> Result<bool> {
         self.check_name()?;
-        let channel = scripts::channel_name(&self.name);
         let deleted: i64 = self.client.shared.redis.run(|c| {
             scripts::FORCE_UNLOCK.run(c, 2, |cmd| {
-                cmd.arg(&self.name).arg(&channel);
+                cmd.arg(&self.name).arg(&self.channel);
             })
         })?;
         Ok(deleted == 1)
@@ -322,8 +324,7 @@ impl Lock {
             return Ok(None);
         }
         let shared = &self.client.shared;
-        let channel = scripts::channel_name(&self.name);
-        let subscription = shared.pubsub.subscribe(&channel, deadline)?;
+        let subscription = shared.pubsub.subscribe(&self.channel, deadline)?;
         loop {
             let ttl = match self.attempt(&terms)? {
                 Attempt::Acquired(g) => return Ok(Some(g)),
@@ -352,7 +353,7 @@ impl Lock {
             .as_ref()
             .map_or_else(|| shared.owner_field(), |h| h.field.clone());
         let held = existing.as_ref().map_or(0, |h| h.count());
-        let marker = scripts::acquire_cancel_name(&self.name, &shared.request_id(&field));
+        let marker = scripts::acquire_cancel_name(&self.name, &field, shared.next_request());
         let sent = Instant::now();
         let reply: Result<Option<i64>> = shared.redis.run(|c| {
             scripts::ACQUIRE.run(c, 2 + pending.len(), |cmd| {
@@ -410,7 +411,7 @@ impl Lock {
             Some(_) => return Ok(Attempt::Busy(None)),
         }
         let hold = existing.unwrap_or_else(|| {
-            let hold = Arc::new(Hold::new(shared.id, &self.name, field));
+            let hold = Arc::new(Hold::new(shared.id, &self.name, &self.channel, field));
             insert_hold(&hold);
             hold
         });

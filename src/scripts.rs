@@ -32,18 +32,20 @@ lua!(FORCE_UNLOCK, "scripts/force_unlock.lua");
 lua!(RENEW, "scripts/renew.lua");
 
 impl Lua {
-    /// The EVALSHA command; `fill` appends the keys, then the arguments.
-    pub(crate) fn evalsha(&self, num_keys: usize, fill: impl Fn(&mut Cmd)) -> Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.sha.as_str()).arg(num_keys);
+    /// The EVALSHA command; `fill` appends the keys, then the arguments;
+    /// `size` is the expected number of bytes they take (to size the buffer
+    /// once instead of growing it).
+    pub(crate) fn evalsha(&self, num_keys: usize, size: usize, fill: impl Fn(&mut Cmd)) -> Cmd {
+        let mut cmd = Cmd::with_capacity(2 * num_keys + 8, 64 + size);
+        cmd.arg("EVALSHA").arg(self.sha.as_str()).arg(num_keys);
         fill(&mut cmd);
         cmd
     }
 
     /// The EVAL command carrying the source (loads the script as it runs).
-    pub(crate) fn eval(&self, num_keys: usize, fill: impl Fn(&mut Cmd)) -> Cmd {
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(self.source).arg(num_keys);
+    pub(crate) fn eval(&self, num_keys: usize, size: usize, fill: impl Fn(&mut Cmd)) -> Cmd {
+        let mut cmd = Cmd::with_capacity(2 * num_keys + 8, 64 + self.source.len() + size);
+        cmd.arg("EVAL").arg(self.source).arg(num_keys);
         fill(&mut cmd);
         cmd
     }
@@ -56,8 +58,9 @@ impl Lua {
         num_keys: usize,
         fill: impl Fn(&mut Cmd),
     ) -> RedisResult<T> {
-        match self.evalsha(num_keys, &fill).query(conn) {
-            Err(e) if is_noscript(&e) => self.eval(num_keys, &fill).query(conn),
+        const SIZE: usize = 512;
+        match self.evalsha(num_keys, SIZE, &fill).query(conn) {
+            Err(e) if is_noscript(&e) => self.eval(num_keys, SIZE, &fill).query(conn),
             other => other,
         }
     }
@@ -69,34 +72,45 @@ pub(crate) fn is_noscript(e: &redis::RedisError) -> bool {
 
 /// Redisson's `prefixName`: `<prefix>:{<name>}`, or `<prefix>:<name>` when the
 /// name already carries a hash tag. Keeps related keys in the lock's slot and
-/// matches Redisson byte for byte.
-pub(crate) fn prefix_name(prefix: &str, name: &str) -> String {
+/// matches Redisson byte for byte. `extra` is room to reserve for a suffix.
+fn prefix_name(prefix: &str, name: &str, extra: usize) -> String {
+    let mut s = String::with_capacity(prefix.len() + name.len() + 3 + extra);
+    s.push_str(prefix);
     if name.contains('{') {
-        format!("{prefix}:{name}")
+        s.push(':');
+        s.push_str(name);
     } else {
-        format!("{prefix}:{{{name}}}")
+        s.push_str(":{");
+        s.push_str(name);
+        s.push('}');
     }
+    s
+}
+
+/// `<prefix-name>:<owner field>:<n>`: a key for one request of one owner.
+fn request_key(prefix: &str, name: &str, field: &str, n: u64) -> String {
+    use std::fmt::Write;
+    let mut s = prefix_name(prefix, name, field.len() + 22);
+    s.push(':');
+    s.push_str(field);
+    let _ = write!(s, ":{n}");
+    s
 }
 
 /// The channel a full release publishes on (Redisson's).
 pub(crate) fn channel_name(name: &str) -> String {
-    prefix_name("redisson_lock__channel", name)
+    prefix_name("redisson_lock__channel", name, 0)
 }
 
-/// The latch key of one release request (Redisson's scheme).
-pub(crate) fn unlock_latch_name(name: &str, request_id: &str) -> String {
-    format!(
-        "{}:{request_id}",
-        prefix_name("redisson_unlock_latch", name)
-    )
+/// The latch key of one release request (Redisson's scheme, with
+/// `<owner field>:<n>` as the request id).
+pub(crate) fn unlock_latch_name(name: &str, field: &str, n: u64) -> String {
+    request_key("redisson_unlock_latch", name, field, n)
 }
 
 /// The cancel marker of one acquire request (redlease's own).
-pub(crate) fn acquire_cancel_name(name: &str, request_id: &str) -> String {
-    format!(
-        "{}:{request_id}",
-        prefix_name("redlease_acquire_cancel", name)
-    )
+pub(crate) fn acquire_cancel_name(name: &str, field: &str, n: u64) -> String {
+    request_key("redlease_acquire_cancel", name, field, n)
 }
 
 #[cfg(test)]
@@ -111,8 +125,8 @@ mod tests {
         );
         assert_eq!(channel_name("a{b}c"), "redisson_lock__channel:a{b}c");
         assert_eq!(
-            unlock_latch_name("x", "id-1"),
-            "redisson_unlock_latch:{x}:id-1"
+            unlock_latch_name("x", "u:1", 7),
+            "redisson_unlock_latch:{x}:u:1:7"
         );
     }
 

@@ -394,6 +394,10 @@ fn renew_batch(conn: &mut redis::Connection, batch: &[Renewal]) -> redis::RedisR
     let build = |eval: bool| {
         let mut pipe = redis::pipe();
         for chunk in batch.chunks(CHUNK) {
+            let size = chunk
+                .iter()
+                .map(|r| r.hold.name.len() + r.hold.field.len() + 24)
+                .sum();
             let fill = |cmd: &mut redis::Cmd| {
                 for r in chunk {
                     cmd.arg(&r.hold.name);
@@ -403,9 +407,9 @@ fn renew_batch(conn: &mut redis::Connection, batch: &[Renewal]) -> redis::RedisR
                 }
             };
             pipe.add_command(if eval {
-                scripts::RENEW.eval(chunk.len(), fill)
+                scripts::RENEW.eval(chunk.len(), size, fill)
             } else {
-                scripts::RENEW.evalsha(chunk.len(), fill)
+                scripts::RENEW.evalsha(chunk.len(), size, fill)
             });
         }
         pipe

@@ -19,13 +19,20 @@ end
 if redis.call('exists', KEYS[2]) == 1 then
     return -3
 end
-local mine = redis.call('hexists', KEYS[1], ARGV[2]) == 1
-if (not mine) and tonumber(ARGV[3]) > 1 then
-    return -4
-end
-if mine or (redis.call('exists', KEYS[1]) == 0) then
+if redis.call('exists', KEYS[1]) == 0 then
+    if tonumber(ARGV[3]) > 1 then
+        return -4
+    end
     redis.call('hset', KEYS[1], ARGV[2], ARGV[3])
     redis.call('pexpire', KEYS[1], ARGV[1])
     return nil
+end
+if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+    redis.call('hset', KEYS[1], ARGV[2], ARGV[3])
+    redis.call('pexpire', KEYS[1], ARGV[1])
+    return nil
+end
+if tonumber(ARGV[3]) > 1 then
+    return -4
 end
 return redis.call('pttl', KEYS[1])
