@@ -314,7 +314,8 @@ impl ClientBuilder {
             ))
             .build(manager)
             .map_err(Error::pool)?;
-        let redis = Arc::new(Redis::new(pool, epoch));
+        let checkout = self.connection_timeout.min(self.response_timeout);
+        let redis = Arc::new(Redis::new(pool, epoch, checkout));
         let shared = Shared {
             id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
             uuid: uuid::Uuid::new_v4().to_string(),

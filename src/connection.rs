@@ -114,15 +114,22 @@ impl r2d2::ManageConnection for Manager {
 pub(crate) struct Redis {
     pool: r2d2::Pool<Manager>,
     epoch: Arc<AtomicU64>,
+    /// How long one attempt waits for a pooled connection.
+    checkout_timeout: Duration,
     pub(crate) counters: Counters,
 }
 
 impl Redis {
     /// `epoch` must be the one the pool's [`Manager`] was made with.
-    pub(crate) fn new(pool: r2d2::Pool<Manager>, epoch: Arc<AtomicU64>) -> Redis {
+    pub(crate) fn new(
+        pool: r2d2::Pool<Manager>,
+        epoch: Arc<AtomicU64>,
+        checkout_timeout: Duration,
+    ) -> Redis {
         Redis {
             pool,
             epoch,
+            checkout_timeout,
             counters: Counters::default(),
         }
     }
@@ -133,27 +140,39 @@ impl Redis {
     /// stale. If the connection turned out dropped (Redis restarted, the link
     /// was cut), `op` is run once more on a new connection: every operation of
     /// redlease is safe to repeat (see the scripts). Timeouts are not retried,
-    /// so a call never waits for more than one response timeout.
+    /// and waiting for a pooled connection is bounded by the smaller of the
+    /// connection and response timeouts, so a stalled server (which accepts
+    /// connections but never answers) holds a call for about one response
+    /// timeout.
+    ///
+    /// If the first attempt may have run and the retry fails, the first
+    /// attempt's error is returned, so that [`Error::maybe_applied`] holds.
     pub(crate) fn run<T>(
         &self,
         mut op: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
     ) -> Result<T> {
-        let mut retried = false;
+        let mut first_failure: Option<redis::RedisError> = None;
         loop {
-            let mut conn = self.pool.get().map_err(Error::pool)?;
+            let mut conn = match self.pool.get_timeout(self.checkout_timeout) {
+                Ok(conn) => conn,
+                Err(e) => return Err(first_failure.map_or_else(|| Error::pool(e), Error::Redis)),
+            };
             self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
             match op(&mut conn.inner) {
                 Ok(v) => return Ok(v),
                 Err(e) => {
                     if is_connection_failure(&e) {
                         self.mark_failure(&mut conn);
-                        if !retried && e.is_connection_dropped() && !e.is_timeout() {
+                        if first_failure.is_none() && e.is_connection_dropped() && !e.is_timeout() {
                             log::debug!("redis connection dropped ({e}); retrying on a new one");
-                            retried = true;
+                            first_failure = Some(e);
                             continue;
                         }
                     }
-                    return Err(Error::Redis(e));
+                    return Err(Error::Redis(match first_failure {
+                        Some(first) if !is_connection_failure(&e) => first,
+                        _ => e,
+                    }));
                 }
             }
         }

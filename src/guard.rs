@@ -70,6 +70,14 @@ impl Hold {
         }
     }
 
+    pub(crate) fn names(&self) -> HoldRef<'_> {
+        HoldRef {
+            name: &self.name,
+            channel: &self.channel,
+            field: &self.field,
+        }
+    }
+
     pub(crate) fn count(&self) -> u32 {
         self.count.load(Ordering::Acquire)
     }
@@ -127,48 +135,43 @@ impl Hold {
     }
 }
 
-/// An acquisition whose reply was lost: it may have run on Redis. The
-/// watchdog thread undoes it (cancel_acquire.lua); until that is confirmed,
-/// every later acquire or release of the same owner on the same lock sets its
-/// marker atomically, so the undo can never hit a later, legitimate hold.
-pub(crate) struct PendingCancel {
+/// A request whose reply was lost: it may have run, or may still run when a
+/// copy held up on the network reaches Redis. The watchdog thread settles it
+/// (undoes the acquisition, or completes the release, see [`Unsettled::kind`])
+/// and retries until that has run once. Until it is settled, every later
+/// acquire or release of the same owner on the same lock sets the request's
+/// key atomically first, so a late copy finds it and does nothing, and the
+/// settling can never touch a later, legitimate hold.
+pub(crate) struct Unsettled {
     pub(crate) name: String,
+    pub(crate) channel: String,
     pub(crate) field: String,
-    /// The request's cancel marker key.
-    pub(crate) marker: String,
-    /// How long the marker lives once set (ms).
-    pub(crate) marker_ms: u64,
-    /// The owner's hold count when it sent the request.
-    pub(crate) held: u32,
-    /// The lease the request asked for (ms).
-    pub(crate) lease_ms: u64,
-    /// After this, a copy of the request that ran has expired by itself.
-    pub(crate) expires: Instant,
+    /// The request's key: an acquire's cancel marker or a release's latch.
+    pub(crate) key: String,
+    /// How long the key lives once set (ms).
+    pub(crate) key_ms: u64,
+    pub(crate) kind: Lost,
     done: AtomicBool,
 }
 
-impl PendingCancel {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        name: &str,
-        field: &str,
-        marker: String,
-        marker_ms: u64,
-        held: u32,
-        lease_ms: u64,
-        sent: Instant,
-    ) -> PendingCancel {
-        let expires = sent
-            .checked_add(Duration::from_millis(lease_ms))
-            .unwrap_or_else(|| sent + Duration::from_secs(100 * 365 * 24 * 3600));
-        PendingCancel {
-            name: name.to_owned(),
-            field: field.to_owned(),
-            marker,
-            marker_ms,
-            held,
-            lease_ms,
-            expires,
+/// What an [`Unsettled`] request was.
+pub(crate) enum Lost {
+    /// An acquisition, sent while the owner had `held` holds: undo it.
+    Acquire { held: u32, lease_ms: u64 },
+    /// A release leaving `left` holds: complete it (same latch, so it runs
+    /// at most once).
+    Release { left: u32, lease_ms: u64 },
+}
+
+impl Unsettled {
+    pub(crate) fn new(hold: HoldRef<'_>, key: String, key_ms: u64, kind: Lost) -> Unsettled {
+        Unsettled {
+            name: hold.name.to_owned(),
+            channel: hold.channel.to_owned(),
+            field: hold.field.to_owned(),
+            key,
+            key_ms,
+            kind,
             done: AtomicBool::new(false),
         }
     }
@@ -182,11 +185,19 @@ impl PendingCancel {
     }
 }
 
+/// The names a request is about.
+#[derive(Clone, Copy)]
+pub(crate) struct HoldRef<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) channel: &'a str,
+    pub(crate) field: &'a str,
+}
+
 /// What this thread has of one lock through one client.
 #[derive(Default)]
 struct Slot {
     hold: Option<Arc<Hold>>,
-    pending: Vec<Arc<PendingCancel>>,
+    pending: Vec<Arc<Unsettled>>,
 }
 
 thread_local! {
@@ -234,11 +245,11 @@ fn prune(client_id: u64, name: &str) {
 }
 
 /// The active hold this thread has on `name` through client `client_id`, and
-/// the lost acquisitions whose undo is not confirmed yet.
+/// its requests that are not settled yet.
 pub(crate) fn owner_state(
     client_id: u64,
     name: &str,
-) -> (Option<Arc<Hold>>, Vec<Arc<PendingCancel>>) {
+) -> (Option<Arc<Hold>>, Vec<Arc<Unsettled>>) {
     with_slot(client_id, name, |slot| match slot {
         None => (None, Vec::new()),
         Some(slot) => {
@@ -252,7 +263,7 @@ pub(crate) fn owner_state(
     .unwrap_or_default()
 }
 
-fn pending_cancels(client_id: u64, name: &str) -> Vec<Arc<PendingCancel>> {
+fn pending_cancels(client_id: u64, name: &str) -> Vec<Arc<Unsettled>> {
     with_slot(client_id, name, |slot| {
         slot.map(|slot| {
             slot.pending.retain(|p| !p.is_done());
@@ -280,14 +291,14 @@ fn remove_hold(hold: &Arc<Hold>) {
     prune(hold.client_id, &hold.name);
 }
 
-pub(crate) fn add_pending(client_id: u64, cancel: &Arc<PendingCancel>) {
+pub(crate) fn add_pending(client_id: u64, cancel: &Arc<Unsettled>) {
     with_slot_or_insert(client_id, &cancel.name, |slot| {
         slot.pending.push(Arc::clone(cancel));
     });
 }
 
-/// The markers of `cancels` are now set on Redis: nothing left to undo.
-pub(crate) fn settle(client_id: u64, cancels: &[Arc<PendingCancel>]) {
+/// The keys of `cancels` are now set on Redis: late copies are harmless.
+pub(crate) fn settle(client_id: u64, cancels: &[Arc<Unsettled>]) {
     for c in cancels {
         c.set_done();
     }
@@ -414,18 +425,37 @@ impl LockGuard {
         let latch = scripts::unlock_latch_name(&hold.name, &hold.field, shared.next_request());
         let latch_ms = shared.latch_ttl_ms();
         let pending = pending_cancels(hold.client_id, &hold.name);
-        let reply: Option<i64> = shared.redis.run(|conn| {
+        let reply: Result<Option<i64>> = shared.redis.run(|conn| {
             scripts::RELEASE.run(conn, 3 + pending.len(), |cmd| {
                 cmd.arg(&hold.name).arg(&hold.channel).arg(&latch);
                 for p in &pending {
-                    cmd.arg(&p.marker);
+                    cmd.arg(&p.key);
                 }
                 cmd.arg(&hold.field).arg(left).arg(lease_ms).arg(latch_ms);
                 for p in &pending {
-                    cmd.arg(p.marker_ms);
+                    cmd.arg(p.key_ms);
                 }
             })
-        })?;
+        });
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(e) => {
+                if e.maybe_applied() {
+                    // It may run later: complete it in the background (the
+                    // latch makes it run once), and make this owner's next
+                    // operation on the lock set the latch first.
+                    let unsettled = Arc::new(Unsettled::new(
+                        hold.names(),
+                        latch,
+                        lease_ms.saturating_add(latch_ms),
+                        Lost::Release { left, lease_ms },
+                    ));
+                    add_pending(hold.client_id, &unsettled);
+                    shared.watchdog.settle_later(unsettled);
+                }
+                return Err(e);
+            }
+        };
         settle(hold.client_id, &pending);
         match reply {
             Some(_) => Ok(()),

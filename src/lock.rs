@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use crate::client::Client;
 use crate::error::{Error, Result};
-use crate::guard::{add_pending, insert_hold, owner_state, settle, Hold, LockGuard, PendingCancel};
+use crate::guard::{
+    add_pending, insert_hold, owner_state, settle, Hold, HoldRef, LockGuard, Lost, Unsettled,
+};
 use crate::scripts;
 
 /// The shortest renewal interval the watchdog accepts. Renewing thousands of
@@ -359,11 +361,11 @@ impl Lock {
             scripts::ACQUIRE.run(c, 2 + pending.len(), |cmd| {
                 cmd.arg(&self.name).arg(&marker);
                 for p in &pending {
-                    cmd.arg(&p.marker);
+                    cmd.arg(&p.key);
                 }
                 cmd.arg(terms.lease_ms).arg(&field).arg(held + 1);
                 for p in &pending {
-                    cmd.arg(p.marker_ms);
+                    cmd.arg(p.key_ms);
                 }
             })
         });
@@ -371,20 +373,25 @@ impl Lock {
             Ok(reply) => reply,
             Err(e) => {
                 if e.maybe_applied() {
-                    // The request may have run: undo it in the background
-                    // (this call stays within its response timeout) and carry
-                    // its marker in this owner's next operations until then.
-                    let cancel = Arc::new(PendingCancel::new(
-                        &self.name,
-                        &field,
+                    // The request may have run, or run later: undo it in the
+                    // background (this call stays within its response
+                    // timeout) and carry its marker in this owner's next
+                    // operations until then.
+                    let unsettled = Arc::new(Unsettled::new(
+                        HoldRef {
+                            name: &self.name,
+                            channel: &self.channel,
+                            field: &field,
+                        },
                         marker,
                         terms.lease_ms.saturating_add(shared.latch_ttl_ms()),
-                        held,
-                        terms.lease_ms,
-                        sent,
+                        Lost::Acquire {
+                            held,
+                            lease_ms: terms.lease_ms,
+                        },
                     ));
-                    add_pending(shared.id, &cancel);
-                    shared.watchdog.cancel(cancel);
+                    add_pending(shared.id, &unsettled);
+                    shared.watchdog.settle_later(unsettled);
                 }
                 return Err(e);
             }

@@ -14,6 +14,8 @@
 //! [`RETRY_DELAY`] (or sooner, per interval) until the last confirmed renewal
 //! plus the lease has passed; then the hold is lost. Nothing is locked across
 //! the round trip.
+//!
+//! The same thread settles requests whose reply was lost ([`Unsettled`]).
 
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -24,13 +26,15 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use crate::connection::Redis;
-use crate::guard::{Hold, PendingCancel};
+use crate::guard::{Hold, Lost, Unsettled};
 use crate::scripts;
 
 /// Locks per renewal script call; a pipeline carries as many calls as needed.
 pub(crate) const CHUNK: usize = 1000;
 /// Upper bound on the wait between retries of a failed renewal.
 pub(crate) const RETRY_DELAY: Duration = Duration::from_millis(250);
+/// The longest wait between tries to settle a request whose reply was lost.
+pub(crate) const MAX_SETTLE_DELAY: Duration = Duration::from_secs(2);
 
 pub(crate) type LostCallback = Arc<dyn Fn(&str) + Send + Sync + 'static>;
 
@@ -45,8 +49,9 @@ type Key = (Instant, u64);
 
 struct State {
     schedule: BTreeMap<Key, Entry>,
-    /// Lost acquisitions to undo, with the time of their next try.
-    cancels: Vec<(Instant, Arc<PendingCancel>)>,
+    /// Requests to settle, with the time of their next try and the number
+    /// of tries so far.
+    unsettled: Vec<(Instant, u32, Arc<Unsettled>)>,
     /// While the thread sleeps: when it wakes by itself (`None` while it
     /// works; it reads the schedule again before it sleeps). A new entry due
     /// earlier than this wakes it; any other lets it sleep.
@@ -90,7 +95,7 @@ impl Watchdog {
                 on_lost,
                 state: Mutex::new(State {
                     schedule: BTreeMap::new(),
-                    cancels: Vec::new(),
+                    unsettled: Vec::new(),
                     sleeping_until: None,
                     seq: 0,
                     started: false,
@@ -144,15 +149,19 @@ impl Watchdog {
         self.inner.lose(hold, why);
     }
 
-    /// Undoes a lost acquisition in the background, retrying until it is
-    /// done or could no longer matter.
-    pub(crate) fn cancel(&self, cancel: Arc<PendingCancel>) {
+    /// Settles a request whose reply was lost, in the background, retrying
+    /// until it has run once on Redis.
+    pub(crate) fn settle_later(&self, request: Arc<Unsettled>) {
         let result = self.schedule(|st| {
-            st.cancels.push((Instant::now(), cancel));
+            st.unsettled.push((Instant::now(), 0, Arc::clone(&request)));
             true
         });
         if let Err(e) = result {
-            log::warn!("redlease: cannot start the watchdog thread ({e}); a lost acquisition is left to its lease");
+            log::warn!(
+                "redlease: cannot start the watchdog thread ({e}); a request on {:?} whose \
+                 reply was lost is left to the lease",
+                request.name
+            );
         }
     }
 
@@ -205,9 +214,9 @@ impl State {
 
 impl Inner {
     fn run(self: Arc<Self>) {
-        while let Some((renewals, cancels)) = self.next_batch() {
-            if !cancels.is_empty() {
-                self.cancel(cancels);
+        while let Some((renewals, unsettled)) = self.next_batch() {
+            if !unsettled.is_empty() {
+                self.settle(unsettled);
             }
             if !renewals.is_empty() {
                 self.renew(renewals);
@@ -219,14 +228,14 @@ impl Inner {
     /// Sleeps until something is due; takes what is due (renewals within
     /// their slack). `None` on shutdown.
     #[allow(clippy::type_complexity)]
-    fn next_batch(&self) -> Option<(Vec<Renewal>, Vec<Arc<PendingCancel>>)> {
+    fn next_batch(&self) -> Option<(Vec<Renewal>, Vec<(u32, Arc<Unsettled>)>)> {
         let mut st = self.state.lock();
         loop {
             if st.shutdown {
                 return None;
             }
             let renewal = st.schedule.first_key_value().map(|(k, _)| k.0);
-            let cancel = st.cancels.iter().map(|(at, _)| *at).min();
+            let cancel = st.unsettled.iter().map(|(at, _, _)| *at).min();
             let next = match (renewal, cancel) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
@@ -245,10 +254,10 @@ impl Inner {
             st.sleeping_until = None;
         }
         let now = Instant::now();
-        let mut cancels = Vec::new();
-        st.cancels.retain(|(at, c)| {
+        let mut unsettled = Vec::new();
+        st.unsettled.retain(|(at, tries, u)| {
             if *at <= now {
-                cancels.push(Arc::clone(c));
+                unsettled.push((*tries, Arc::clone(u)));
                 false
             } else {
                 true
@@ -269,54 +278,72 @@ impl Inner {
                 });
             }
         }
-        Some((batch, cancels))
+        Some((batch, unsettled))
     }
 
-    /// Runs the undo of each lost acquisition not settled meanwhile by its
-    /// owner; failed ones are tried again shortly, until their lease is over.
-    fn cancel(&self, cancels: Vec<Arc<PendingCancel>>) {
+    /// Settles each request not settled meanwhile by its owner: undoes a
+    /// lost acquisition, completes a lost release. A copy of the request may
+    /// still be on its way, so this is retried (backing off to
+    /// [`MAX_SETTLE_DELAY`]) until it has run once; from then on the request's
+    /// key makes a late copy a no-op.
+    fn settle(&self, requests: Vec<(u32, Arc<Unsettled>)>) {
         let mut again = Vec::new();
-        for c in cancels {
-            if c.is_done() {
+        for (tries, u) in requests {
+            if u.is_done() {
                 continue;
             }
-            let channel = scripts::channel_name(&c.name);
-            let result: crate::Result<i64> = self.redis.run(|conn| {
-                scripts::CANCEL_ACQUIRE.run(conn, 3, |cmd| {
-                    cmd.arg(&c.name)
-                        .arg(&channel)
-                        .arg(&c.marker)
-                        .arg(&c.field)
-                        .arg(c.held)
-                        .arg(c.lease_ms)
-                        .arg(c.marker_ms);
-                })
+            let result = self.redis.run(|conn| match u.kind {
+                Lost::Acquire { held, lease_ms } => {
+                    scripts::CANCEL_ACQUIRE.run::<i64>(conn, 3, |cmd| {
+                        cmd.arg(&u.name)
+                            .arg(&u.channel)
+                            .arg(&u.key)
+                            .arg(&u.field)
+                            .arg(held)
+                            .arg(lease_ms)
+                            .arg(u.key_ms);
+                    })
+                }
+                Lost::Release { left, lease_ms } => scripts::RELEASE
+                    .run::<Option<i64>>(conn, 3, |cmd| {
+                        cmd.arg(&u.name)
+                            .arg(&u.channel)
+                            .arg(&u.key)
+                            .arg(&u.field)
+                            .arg(left)
+                            .arg(lease_ms)
+                            .arg(u.key_ms);
+                    })
+                    .map(|r| r.unwrap_or(0)),
             });
             match result {
-                Ok(undone) => {
-                    c.set_done();
-                    if undone == 1 {
-                        log::info!(
-                            "redlease: undid an acquisition of {:?} whose reply was lost",
-                            c.name
-                        );
+                Ok(applied) => {
+                    u.set_done();
+                    let what = match u.kind {
+                        Lost::Acquire { .. } => "undid an acquisition",
+                        Lost::Release { .. } => "completed a release",
+                    };
+                    if applied == 1 {
+                        log::info!("redlease: {what} of {:?} whose reply was lost", u.name);
                     }
                 }
-                Err(e) if Instant::now() < c.expires => {
-                    log::warn!(
-                        "redlease: undoing a lost acquisition of {:?} failed ({e}); retrying",
-                        c.name
-                    );
-                    again.push((Instant::now() + RETRY_DELAY, c));
+                Err(e) => {
+                    if tries == 0 {
+                        log::warn!(
+                            "redlease: settling a request on {:?} whose reply was lost failed \
+                             ({e}); retrying until redis answers",
+                            u.name
+                        );
+                    }
+                    let delay = RETRY_DELAY
+                        .saturating_mul(1 << tries.min(6))
+                        .min(MAX_SETTLE_DELAY);
+                    again.push((Instant::now() + delay, tries.saturating_add(1), u));
                 }
-                Err(e) => log::warn!(
-                    "redlease: gave up undoing a lost acquisition of {:?} ({e}); its lease has run out",
-                    c.name
-                ),
             }
         }
         if !again.is_empty() {
-            self.state.lock().cancels.extend(again);
+            self.state.lock().unsettled.extend(again);
         }
     }
 

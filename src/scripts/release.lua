@@ -7,8 +7,10 @@
 -- ARGV[5..] TTL in ms of each marker in KEYS[4..]
 -- Returns nil when the field is gone (not held: expired or deleted), 0 when
 -- holds remain, 1 when the lock was deleted and one waiter per process woken.
--- A retry of the same request (same latch) returns the first answer again, so
--- a release whose reply was lost is never applied twice nor reported "not held".
+-- A retry or a late copy of the same request (same latch) returns the first
+-- answer again, so a release whose reply was lost is never applied twice nor
+-- reported "not held"; an owner's later operation sets the latch of its
+-- unsettled releases first, so their late copies cannot touch a later hold.
 for i = 4, #KEYS do
     redis.call('set', KEYS[i], 1, 'px', ARGV[i + 1])
 end
@@ -22,6 +24,7 @@ end
 if tonumber(ARGV[2]) > 0 then
     redis.call('hset', KEYS[1], ARGV[1], ARGV[2])
     redis.call('pexpire', KEYS[1], ARGV[3])
+    redis.call('set', KEYS[3], 0, 'px', ARGV[4])
     return 0
 end
 redis.call('del', KEYS[1])
