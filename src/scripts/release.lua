@@ -18,16 +18,20 @@ local done = redis.call('get', KEYS[3])
 if done then
     return tonumber(done)
 end
-if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
-    return nil
-end
 if tonumber(ARGV[2]) > 0 then
+    if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
+        return nil
+    end
     redis.call('hset', KEYS[1], ARGV[1], ARGV[2])
     redis.call('pexpire', KEYS[1], ARGV[3])
     redis.call('set', KEYS[3], 0, 'px', ARGV[4])
     return 0
 end
-redis.call('del', KEYS[1])
+-- The owner's field is the only one a lock hash has: removing it removes the
+-- key (as Redisson's DEL does), and tells whether we held it, in one call.
+if redis.call('hdel', KEYS[1], ARGV[1]) == 0 then
+    return nil
+end
 redis.call('publish', KEYS[2], 0)
 redis.call('set', KEYS[3], 1, 'px', ARGV[4])
 return 1
