@@ -246,10 +246,7 @@ fn prune(client_id: u64, name: &str) {
 
 /// The active hold this thread has on `name` through client `client_id`, and
 /// its requests that are not settled yet.
-pub(crate) fn owner_state(
-    client_id: u64,
-    name: &str,
-) -> (Option<Arc<Hold>>, Vec<Arc<Unsettled>>) {
+pub(crate) fn owner_state(client_id: u64, name: &str) -> (Option<Arc<Hold>>, Vec<Arc<Unsettled>>) {
     with_slot(client_id, name, |slot| match slot {
         None => (None, Vec::new()),
         Some(slot) => {

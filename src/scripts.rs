@@ -36,7 +36,7 @@ impl Lua {
     /// `size` is the expected number of bytes they take (to size the buffer
     /// once instead of growing it).
     pub(crate) fn evalsha(&self, num_keys: usize, size: usize, fill: impl Fn(&mut Cmd)) -> Cmd {
-        let mut cmd = Cmd::with_capacity(2 * num_keys + 8, 64 + size);
+        let mut cmd = Cmd::with_capacity(3 * num_keys + 8, 64 + size);
         cmd.arg("EVALSHA").arg(self.sha.as_str()).arg(num_keys);
         fill(&mut cmd);
         cmd
@@ -44,7 +44,7 @@ impl Lua {
 
     /// The EVAL command carrying the source (loads the script as it runs).
     pub(crate) fn eval(&self, num_keys: usize, size: usize, fill: impl Fn(&mut Cmd)) -> Cmd {
-        let mut cmd = Cmd::with_capacity(2 * num_keys + 8, 64 + self.source.len() + size);
+        let mut cmd = Cmd::with_capacity(3 * num_keys + 8, 64 + self.source.len() + size);
         cmd.arg("EVAL").arg(self.source).arg(num_keys);
         fill(&mut cmd);
         cmd

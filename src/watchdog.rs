@@ -354,10 +354,16 @@ impl Inner {
         let mut again = Vec::with_capacity(batch.len());
         match result {
             Ok(flags) => {
-                log::debug!("redlease-watchdog: renewed {} leases", batch.len());
+                let renewed = flags.iter().filter(|f| **f).count();
+                log::debug!(
+                    "redlease-watchdog: renewed {renewed} of {} leases",
+                    batch.len()
+                );
+                self.counters
+                    .renewals
+                    .fetch_add(renewed as u64, Ordering::Relaxed);
                 for (r, renewed) in batch.into_iter().zip(flags) {
                     if renewed {
-                        self.counters.renewals.fetch_add(1, Ordering::Relaxed);
                         r.hold.confirm(sent, r.lease_ms);
                         again.push((sent + r.interval, r));
                     } else {
@@ -441,16 +447,27 @@ fn renew_batch(conn: &mut redis::Connection, batch: &[Renewal]) -> redis::RedisR
         }
         pipe
     };
-    let replies: Vec<Vec<i64>> = match build(false).query(conn) {
+    let replies: Vec<Vec<usize>> = match build(false).query(conn) {
         Err(e) if scripts::is_noscript(&e) => build(true).query(conn)?,
         other => other?,
     };
-    let flags: Vec<bool> = replies.into_iter().flatten().map(|r| r == 1).collect();
-    if flags.len() != batch.len() {
+    if replies.len() != batch.len().div_ceil(CHUNK) {
         return Err(redis::RedisError::from((
             redis::ErrorKind::Parse,
             "renewal reply has the wrong length",
         )));
+    }
+    let mut flags = vec![true; batch.len()];
+    for (chunk, gone) in replies.into_iter().enumerate() {
+        for i in gone {
+            // 1-based position within the chunk.
+            if let Some(flag) = i
+                .checked_sub(1)
+                .and_then(|i| flags.get_mut(chunk * CHUNK + i))
+            {
+                *flag = false;
+            }
+        }
     }
     Ok(flags)
 }

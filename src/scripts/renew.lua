@@ -2,14 +2,14 @@
 -- KEYS[i] lock hash; ARGV[2i-1] owner field, ARGV[2i] lease in ms.
 -- A lease is extended only while the owner's field still exists, so a lock
 -- that was released, expired or taken over is never brought back.
--- Returns an array: 1 renewed, 0 gone (the holder has lost the lock).
-local result = {}
+-- Returns the (1-based) positions of the locks that are gone (the holder has
+-- lost them); usually an empty array, so the reply stays small.
+local gone = {}
 for i, key in ipairs(KEYS) do
     if redis.call('hexists', key, ARGV[2 * i - 1]) == 1 then
         redis.call('pexpire', key, ARGV[2 * i])
-        result[i] = 1
     else
-        result[i] = 0
+        gone[#gone + 1] = i
     end
 end
-return result
+return gone

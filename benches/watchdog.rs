@@ -1,0 +1,401 @@
+//! The cost of keeping many locks alive (issue 3), beside a baseline measured
+//! in the same run.
+//!
+//! Redis runs on core 0, this process on core 1. For N = 1,000 and 10,000:
+//!
+//! * redlease: one thread takes N locks with `try_lock` on a client with a
+//!   3 s `watchdog_timeout` (renewed every 1 s) and then sleeps; over a 10 s
+//!   window we measure renewals and renewal round trips per second
+//!   (`ClientStats`), Redis commands per second (`INFO`), the CPU of this
+//!   process in % of one core (time on CPU of its threads from
+//!   `/proc/self/task/*/schedstat`, ns resolution, with `/proc/self/stat`
+//!   utime + stime beside it as a cross-check; only the watchdog works, the
+//!   holder and this thread sleep), the CPU of Redis, the thread count
+//!   (`/proc/self/task`) and the locks lost.
+//! * baseline: the same N leases renewed the way a watchdog without batching
+//!   does (Redisson's renewal script, one EVALSHA and one round trip per lock
+//!   per renewal, on a raw connection), N renewals per second, same window.
+//!
+//! Plain `main` (`harness = false`): no statistics needed. Run with
+//! `cargo bench --bench watchdog` (about 45 s); the `SUMMARY:` lines are the
+//! result. Without `--bench` (`cargo test --benches`) it runs a short smoke
+//! pass.
+
+mod support;
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use support::{Mode, RedisServer};
+
+/// Redisson's renewal script (`renewExpirationAsync`): one lock per call.
+const RENEW_ONE_LUA: &str = "\
+if (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then \
+    redis.call('pexpire', KEYS[1], ARGV[1]); \
+    return 1; \
+end; \
+return 0;";
+
+const LEASE: Duration = Duration::from_secs(3);
+const RENEW_EVERY: Duration = Duration::from_secs(1);
+
+/// One snapshot of everything measured.
+struct Snapshot {
+    at: Instant,
+    /// Process CPU, ns resolution (schedstat of the live threads).
+    cpu: Duration,
+    /// Process CPU from /proc/self/stat (10 ms ticks), as a cross-check.
+    cpu_ticks: Duration,
+    /// CPU of the redlease-watchdog thread.
+    watchdog_cpu: Duration,
+    redis_cpu: Duration,
+    total_commands: u64,
+    evalsha: u64,
+}
+
+impl Snapshot {
+    fn take(server: &RedisServer) -> Snapshot {
+        Snapshot {
+            total_commands: support::total_commands(server),
+            evalsha: support::command_calls(server, "evalsha"),
+            cpu: support::cpu_time(),
+            cpu_ticks: support::cpu_ticks_of(std::process::id()),
+            watchdog_cpu: support::cpu_precise_of(std::process::id(), "redlease-watch")
+                .unwrap_or_default(),
+            redis_cpu: support::cpu_time_of(server.pid().expect("redis-server runs")),
+            at: Instant::now(),
+        }
+    }
+}
+
+/// What one run measured over its window.
+struct Figures {
+    n: usize,
+    what: &'static str,
+    secs: f64,
+    renewals: u64,
+    round_trips: u64,
+    /// Top-level EVALSHA calls Redis ran.
+    evalsha: u64,
+    /// `total_commands_processed` delta, less our two INFO reads.
+    commands: u64,
+    cpu: Duration,
+    cpu_ticks: Duration,
+    watchdog_cpu: Duration,
+    redis_cpu: Duration,
+    threads_before: usize,
+    threads: usize,
+    lost: u64,
+}
+
+impl Figures {
+    fn new(
+        n: usize,
+        what: &'static str,
+        a: &Snapshot,
+        b: &Snapshot,
+        (renewals, round_trips, lost): (u64, u64, u64),
+        (threads_before, threads): (usize, usize),
+    ) -> Figures {
+        Figures {
+            n,
+            what,
+            secs: b.at.duration_since(a.at).as_secs_f64(),
+            renewals,
+            round_trips,
+            evalsha: b.evalsha - a.evalsha,
+            // The INFO stats and INFO commandstats of snapshot `a` are counted.
+            commands: (b.total_commands - a.total_commands).saturating_sub(2),
+            cpu: b.cpu.saturating_sub(a.cpu),
+            cpu_ticks: b.cpu_ticks.saturating_sub(a.cpu_ticks),
+            watchdog_cpu: b.watchdog_cpu.saturating_sub(a.watchdog_cpu),
+            redis_cpu: b.redis_cpu.saturating_sub(a.redis_cpu),
+            threads_before,
+            threads,
+            lost,
+        }
+    }
+
+    fn per_sec(&self, x: u64) -> f64 {
+        x as f64 / self.secs
+    }
+
+    fn cpu_pct(&self, d: Duration) -> f64 {
+        d.as_secs_f64() * 100.0 / self.secs
+    }
+
+    fn per_round_trip(&self) -> f64 {
+        if self.round_trips == 0 {
+            0.0
+        } else {
+            self.renewals as f64 / self.round_trips as f64
+        }
+    }
+}
+
+enum HolderMsg {
+    Ready(Duration),
+}
+
+/// Waits (at most 5 s) until this process is down to `n` threads, e.g. until
+/// the previous client's background threads have exited.
+fn settle_threads(n: usize) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while support::thread_count() > n && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    support::thread_count()
+}
+
+/// redlease: N locks held by one thread, renewed by the watchdog.
+fn redlease_run(server: &RedisServer, n: usize, settle: Duration, window: Duration) -> Figures {
+    let threads_before = settle_threads(1);
+    let client = redlease::Client::builder(&server.url())
+        .watchdog_timeout(LEASE)
+        .build()
+        .expect("client");
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let holder = {
+        let client = client.clone();
+        std::thread::Builder::new()
+            .name("bench-holder".into())
+            .spawn(move || {
+                let started = Instant::now();
+                let guards: Vec<_> = (0..n)
+                    .map(|i| {
+                        client
+                            .lock(format!("bench:wd:{n}:{i}"))
+                            .try_lock()
+                            .expect("try_lock")
+                            .expect("a fresh lock is free")
+                    })
+                    .collect();
+                ready_tx
+                    .send(HolderMsg::Ready(started.elapsed()))
+                    .expect("main waits for the holder");
+                // Idle until told to release (or main went away).
+                let _ = release_rx.recv_timeout(Duration::from_secs(600));
+                let lost = guards.iter().filter(|g| g.is_lost()).count();
+                drop(guards);
+                lost
+            })
+            .expect("spawn holder")
+    };
+    let HolderMsg::Ready(took) = ready_rx
+        .recv_timeout(Duration::from_secs(300))
+        .expect("the holder took its locks within 300 s");
+    println!(
+        "DIAG: N={n}: took {n} locks with try_lock in {:.2} s; settling {:.1} s before measuring",
+        took.as_secs_f64(),
+        settle.as_secs_f64()
+    );
+    std::thread::sleep(settle);
+    let s0 = client.stats();
+    let a = Snapshot::take(server);
+    std::thread::sleep(window);
+    let b = Snapshot::take(server);
+    let s1 = client.stats();
+    let threads = support::thread_count();
+    release_tx
+        .send(())
+        .expect("the holder waits for the release");
+    let guards_lost = holder.join().expect("holder thread");
+    println!("DIAG: N={n}: client stats at the end of the window: {s1:?}");
+    if guards_lost > 0 {
+        println!("DIAG: N={n}: {guards_lost} guards reported is_lost() before release");
+    }
+    Figures::new(
+        n,
+        "redlease watchdog (batched)",
+        &a,
+        &b,
+        (
+            s1.renewals - s0.renewals,
+            s1.renewal_round_trips - s0.renewal_round_trips,
+            s1.locks_lost + guards_lost as u64,
+        ),
+        (threads_before, threads),
+    )
+}
+
+/// Baseline: one renewal script call (one round trip) per lock per second.
+fn baseline_run(server: &RedisServer, n: usize, window: Duration) -> Figures {
+    let threads_before = settle_threads(1);
+    let mut conn = server.conn();
+    let sha = support::script_load(&mut conn, RENEW_ONE_LUA);
+    let field = "00000000-0000-0000-0000-000000000000:1";
+    let keys: Vec<String> = (0..n).map(|i| format!("bench:wd-base:{n}:{i}")).collect();
+    let lease_ms = LEASE.as_millis() as u64;
+    for chunk in keys.chunks(1000) {
+        let mut pipe = redis::pipe();
+        for k in chunk {
+            pipe.cmd("HSET").arg(k).arg(field).arg(1).ignore();
+            pipe.cmd("PEXPIRE").arg(k).arg(lease_ms).ignore();
+        }
+        pipe.query::<()>(&mut conn).expect("set up baseline locks");
+    }
+    let ticks = (window.as_secs_f64() / RENEW_EVERY.as_secs_f64()).round() as u32;
+    let mut renewals = 0u64;
+    let mut lost = 0u64;
+    let threads = support::thread_count();
+    let a = Snapshot::take(server);
+    let t0 = Instant::now();
+    let mut late = 0u32;
+    for tick in 0..ticks {
+        let due = t0 + RENEW_EVERY * tick;
+        let now = Instant::now();
+        if now < due {
+            std::thread::sleep(due - now);
+        } else if tick > 0 {
+            late += 1;
+        }
+        for k in &keys {
+            let r: i64 = redis::cmd("EVALSHA")
+                .arg(&sha)
+                .arg(1)
+                .arg(k)
+                .arg(lease_ms)
+                .arg(field)
+                .query(&mut conn)
+                .expect("renew one");
+            if r == 1 {
+                renewals += 1;
+            } else {
+                lost += 1;
+            }
+        }
+    }
+    let end = t0 + RENEW_EVERY * ticks;
+    let now = Instant::now();
+    if now < end {
+        std::thread::sleep(end - now);
+    }
+    let b = Snapshot::take(server);
+    if late > 0 {
+        println!("DIAG: baseline N={n}: {late} of {ticks} renewal rounds started late");
+    }
+    let mut pipe = redis::pipe();
+    for k in &keys {
+        pipe.cmd("DEL").arg(k).ignore();
+    }
+    pipe.query::<()>(&mut conn)
+        .expect("clean up baseline locks");
+    Figures::new(
+        n,
+        "baseline: 1 EVALSHA per lock",
+        &a,
+        &b,
+        (renewals, renewals + lost, lost),
+        (threads_before, threads),
+    )
+}
+
+fn main() {
+    support::pin_self();
+    let mode = support::mode();
+    if mode == Mode::List {
+        return;
+    }
+    let full = mode == Mode::Bench;
+    println!("LOAD: {}", support::load_average());
+    let server = support::start_server();
+    let (sizes, settle, window): (&[usize], _, _) = if full {
+        (
+            &[1_000, 10_000],
+            Duration::from_millis(1500),
+            Duration::from_secs(10),
+        )
+    } else {
+        (&[100], Duration::from_millis(1200), Duration::from_secs(2))
+    };
+    let mut results = Vec::new();
+    for &n in sizes {
+        results.push(redlease_run(&server, n, settle, window));
+        results.push(baseline_run(&server, n, window));
+    }
+
+    let pass = |ok: bool| if ok { "PASS" } else { "MISS" };
+    // The client's threads: all threads during the run, less those before
+    // the client was built, less the bench's holder thread.
+    let client_threads = |f: &Figures| f.threads.saturating_sub(f.threads_before + 1);
+    let client_threads_by_n: Vec<usize> = results
+        .iter()
+        .filter(|f| f.what.starts_with("redlease"))
+        .map(client_threads)
+        .collect();
+    let threads_flat = client_threads_by_n.windows(2).all(|w| w[0] == w[1]);
+    println!();
+    println!(
+        "SUMMARY: watchdog bench ({mode:?} mode), lease {:?}, renewal every {:?}; load average at end: {}",
+        LEASE,
+        RENEW_EVERY,
+        support::load_average()
+    );
+    for f in &results {
+        let cpu = f.cpu_pct(f.cpu);
+        let mut line = format!(
+            "SUMMARY: N={:<6} | {:<28} | {:>7.0} renewals/s | {:>7.1} round trips/s | {:>7.1} renewals/round trip | \
+             redis {:>6.1} EVALSHA/s {:>7.0} cmds/s (incl. in scripts) | client CPU {:>5.2} % (stat ticks {:.1} %, \
+             watchdog thread {:.2} %, {:.2} us per renewal) | redis CPU {:>5.2} % | \
+             threads {} ({}) | lost {}",
+            f.n,
+            f.what,
+            f.per_sec(f.renewals),
+            f.per_sec(f.round_trips),
+            f.per_round_trip(),
+            f.per_sec(f.evalsha),
+            f.per_sec(f.commands),
+            cpu,
+            f.cpu_pct(f.cpu_ticks),
+            f.cpu_pct(f.watchdog_cpu),
+            if f.renewals > 0 {
+                f.cpu.as_secs_f64() * 1e6 / f.renewals as f64
+            } else {
+                0.0
+            },
+            f.cpu_pct(f.redis_cpu),
+            f.threads,
+            if f.what.starts_with("redlease") {
+                format!("{} of the client, 1 holder", client_threads(f))
+            } else {
+                "no client".to_owned()
+            },
+            f.lost
+        );
+        if f.n == 10_000 && f.what.starts_with("redlease") {
+            line.push_str(&format!(
+                " | targets CPU<=1%: {}, renewals/rt>=300: {}, threads independent of N: {}, 0 lost: {}",
+                pass(cpu <= 1.0),
+                pass(f.per_round_trip() >= 300.0),
+                pass(threads_flat),
+                pass(f.lost == 0)
+            ));
+        }
+        println!("{line}");
+    }
+    for n in sizes {
+        let ours = results
+            .iter()
+            .find(|f| f.n == *n && f.what.starts_with("redlease"));
+        let base = results
+            .iter()
+            .find(|f| f.n == *n && f.what.starts_with("baseline"));
+        if let (Some(o), Some(b)) = (ours, base) {
+            let ratio = |x: f64, y: f64| {
+                if y > 0.0 {
+                    format!("{:.3}", x / y)
+                } else {
+                    "n/a".into()
+                }
+            };
+            println!(
+                "SUMMARY: N={n:<6} | redlease / baseline | round trips {} | client CPU {} | redis CPU {} | redis cmds {}",
+                ratio(o.per_sec(o.round_trips), b.per_sec(b.round_trips)),
+                ratio(o.cpu.as_secs_f64(), b.cpu.as_secs_f64()),
+                ratio(o.redis_cpu.as_secs_f64(), b.redis_cpu.as_secs_f64()),
+                ratio(o.per_sec(o.commands), b.per_sec(b.commands)),
+            );
+        }
+    }
+}
