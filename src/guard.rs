@@ -147,9 +147,8 @@ pub(crate) struct Unsettled {
     pub(crate) channel: String,
     pub(crate) field: String,
     /// The request's key: an acquire's cancel marker or a release's latch.
+    /// Set with a TTL of [`scripts::LATE_REQUEST_WINDOW_MS`].
     pub(crate) key: String,
-    /// How long the key lives once set (ms).
-    pub(crate) key_ms: u64,
     pub(crate) kind: Lost,
     done: AtomicBool,
 }
@@ -164,13 +163,12 @@ pub(crate) enum Lost {
 }
 
 impl Unsettled {
-    pub(crate) fn new(hold: HoldRef<'_>, key: String, key_ms: u64, kind: Lost) -> Unsettled {
+    pub(crate) fn new(hold: HoldRef<'_>, key: String, kind: Lost) -> Unsettled {
         Unsettled {
             name: hold.name.to_owned(),
             channel: hold.channel.to_owned(),
             field: hold.field.to_owned(),
             key,
-            key_ms,
             kind,
             done: AtomicBool::new(false),
         }
@@ -429,8 +427,8 @@ impl LockGuard {
                     cmd.arg(&p.key);
                 }
                 cmd.arg(&hold.field).arg(left).arg(lease_ms).arg(latch_ms);
-                for p in &pending {
-                    cmd.arg(p.key_ms);
+                if !pending.is_empty() {
+                    cmd.arg(scripts::LATE_REQUEST_WINDOW_MS);
                 }
             })
         });
@@ -444,7 +442,6 @@ impl LockGuard {
                     let unsettled = Arc::new(Unsettled::new(
                         hold.names(),
                         latch,
-                        lease_ms.saturating_add(latch_ms),
                         Lost::Release { left, lease_ms },
                     ));
                     add_pending(hold.client_id, &unsettled);

@@ -364,8 +364,8 @@ impl Lock {
                     cmd.arg(&p.key);
                 }
                 cmd.arg(terms.lease_ms).arg(&field).arg(held + 1);
-                for p in &pending {
-                    cmd.arg(p.key_ms);
+                if !pending.is_empty() {
+                    cmd.arg(scripts::LATE_REQUEST_WINDOW_MS);
                 }
             })
         });
@@ -384,7 +384,6 @@ impl Lock {
                             field: &field,
                         },
                         marker,
-                        terms.lease_ms.saturating_add(shared.latch_ttl_ms()),
                         Lost::Acquire {
                             held,
                             lease_ms: terms.lease_ms,

@@ -6,6 +6,13 @@ use std::sync::LazyLock;
 
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, ServerErrorKind};
 
+/// How long the key of a request whose reply was lost (an acquire's cancel
+/// marker, a release's latch) lives once set: a copy of the request can still
+/// reach Redis as long as the kernel retransmits the closed connection's data
+/// (Linux gives up after about 15 minutes by default). Such keys exist only
+/// for lost replies, so they stay few.
+pub(crate) const LATE_REQUEST_WINDOW_MS: u64 = 15 * 60 * 1000;
+
 /// A Lua script and its SHA1.
 pub(crate) struct Lua {
     source: &'static str,

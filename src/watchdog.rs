@@ -301,7 +301,7 @@ impl Inner {
                             .arg(&u.field)
                             .arg(held)
                             .arg(lease_ms)
-                            .arg(u.key_ms);
+                            .arg(scripts::LATE_REQUEST_WINDOW_MS);
                     })
                 }
                 Lost::Release { left, lease_ms } => scripts::RELEASE
@@ -312,7 +312,7 @@ impl Inner {
                             .arg(&u.field)
                             .arg(left)
                             .arg(lease_ms)
-                            .arg(u.key_ms);
+                            .arg(scripts::LATE_REQUEST_WINDOW_MS);
                     })
                     .map(|r| r.unwrap_or(0)),
             });

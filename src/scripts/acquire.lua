@@ -5,7 +5,7 @@
 --           them still on its way can no longer apply
 -- ARGV[1] lease in ms        ARGV[2] owner field <client-uuid>:<thread-id>
 -- ARGV[3] hold count after this acquisition (the caller's local count + 1)
--- ARGV[4..] TTL in ms of each marker in KEYS[3..]
+-- ARGV[4] TTL in ms of the markers in KEYS[3..] (given only with them)
 -- Returns nil when acquired, -3 when the caller already cancelled this request,
 -- -4 when the caller believes it holds the lock (re-entry) but its field is
 -- gone (its holds were lost: lease ran out, deleted) -- nothing is written and
@@ -14,7 +14,7 @@
 -- The count is written absolutely (HSET, not HINCRBY), so running the same
 -- request twice after a lost reply cannot count one acquisition twice.
 for i = 3, #KEYS do
-    redis.call('set', KEYS[i], 1, 'px', ARGV[i + 1])
+    redis.call('set', KEYS[i], 1, 'px', ARGV[4])
 end
 if redis.call('exists', KEYS[2]) == 1 then
     return -3

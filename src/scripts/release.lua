@@ -4,7 +4,7 @@
 --           acquire.lua), set here so they can no longer apply
 -- ARGV[1] owner field ARGV[2] holds left after this release (0 = full release)
 -- ARGV[3] lease in ms (re-applied while holds remain)   ARGV[4] latch TTL in ms
--- ARGV[5..] TTL in ms of each marker in KEYS[4..]
+-- ARGV[5] TTL in ms of the keys in KEYS[4..] (given only with them)
 -- Returns nil when the field is gone (not held: expired or deleted), 0 when
 -- holds remain, 1 when the lock was deleted and one waiter per process woken.
 -- A retry or a late copy of the same request (same latch) returns the first
@@ -12,7 +12,7 @@
 -- reported "not held"; an owner's later operation sets the latch of its
 -- unsettled releases first, so their late copies cannot touch a later hold.
 for i = 4, #KEYS do
-    redis.call('set', KEYS[i], 1, 'px', ARGV[i + 1])
+    redis.call('set', KEYS[i], 1, 'px', ARGV[5])
 end
 local done = redis.call('get', KEYS[3])
 if done then
