@@ -383,8 +383,10 @@ impl LockGuard {
     /// # Errors
     ///
     /// [`Error::LockLost`] if the lock was no longer held (lease ran out,
-    /// deleted, or found lost by the watchdog); a Redis or pool error if the
-    /// release could not be sent, in which case the lease runs out by itself.
+    /// deleted, or found lost by the watchdog); a Redis or pool error if
+    /// Redis could not be reached or did not answer in time. In that case the
+    /// release is completed in the background as soon as Redis answers (it
+    /// is applied at most once), and the lease bounds the lock meanwhile.
     pub fn unlock(mut self) -> Result<()> {
         self.done = true;
         self.release()
@@ -435,10 +437,11 @@ impl LockGuard {
         let reply = match reply {
             Ok(reply) => reply,
             Err(e) => {
-                if e.maybe_applied() {
-                    // It may run later: complete it in the background (the
-                    // latch makes it run once), and make this owner's next
-                    // operation on the lock set the latch first.
+                if e.is_connection_error() {
+                    // Not sent, or it may have run, or may run later:
+                    // complete it in the background as soon as Redis answers
+                    // (the latch makes it run once), and make this owner's
+                    // next operation on the lock set the latch first.
                     let unsettled = Arc::new(Unsettled::new(
                         hold.names(),
                         latch,
