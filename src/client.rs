@@ -158,7 +158,7 @@ pub struct ClientStats {
     pub renewal_round_trips: u64,
     /// Leases the watchdog renewed.
     pub renewals: u64,
-    /// Locks the watchdog found lost.
+    /// Held locks found lost (see [`ClientBuilder::on_lock_lost`]).
     pub locks_lost: u64,
     /// Entries in the watchdog's schedule (released ones until their due time).
     pub watchdog_entries: usize,
@@ -233,9 +233,10 @@ impl ClientBuilder {
         self
     }
 
-    /// Called with the lock's name when the watchdog finds a held lock lost
-    /// (deleted, expired, or not renewable before its lease ran out). Runs on
-    /// the watchdog thread, outside any lock, under `catch_unwind`; keep it
+    /// Called with the lock's name when a held lock is found lost: by the
+    /// watchdog (deleted, expired, or not renewable before its lease ran out)
+    /// or by its owner thread taking it again. Runs outside any lock of
+    /// redlease, under `catch_unwind`, mostly on the watchdog thread; keep it
     /// short, and do not capture the `Client` in it (that would keep the
     /// client's threads alive forever). Defaults to none (the loss is logged
     /// at `error` either way).

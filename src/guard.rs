@@ -258,7 +258,7 @@ pub(crate) fn owner_state(client_id: u64, name: &str) -> (Option<Arc<Hold>>, Vec
     .unwrap_or_default()
 }
 
-fn pending_cancels(client_id: u64, name: &str) -> Vec<Arc<Unsettled>> {
+fn unsettled_requests(client_id: u64, name: &str) -> Vec<Arc<Unsettled>> {
     with_slot(client_id, name, |slot| {
         slot.map(|slot| {
             slot.pending.retain(|p| !p.is_done());
@@ -421,7 +421,7 @@ impl LockGuard {
         let shared = &self.client.shared;
         let latch = scripts::unlock_latch_name(&hold.name, &hold.field, shared.next_request());
         let latch_ms = shared.latch_ttl_ms();
-        let pending = pending_cancels(hold.client_id, &hold.name);
+        let pending = unsettled_requests(hold.client_id, &hold.name);
         let reply: Result<Option<i64>> = shared.redis.run(|conn| {
             scripts::RELEASE.run(conn, 3 + pending.len(), |cmd| {
                 cmd.arg(&hold.name).arg(&hold.channel).arg(&latch);

@@ -401,13 +401,15 @@ impl Lock {
             Some(-4) => {
                 // This thread's earlier holds are gone on the server (lease ran
                 // out, deleted): their guards are lost, and this acquisition
-                // starts afresh (owner_state skips a lost hold).
-                if let Some(old) = &existing {
+                // starts afresh. Once the old hold is lost, owner_state skips
+                // it, the count sent is 1, and -4 cannot come back.
+                if let Some(old) = existing.filter(|old| old.mark_lost()) {
                     shared
                         .watchdog
-                        .report_lost(old, "its key or owner field is gone from redis");
+                        .report_lost(&old, "its key or owner field is gone from redis");
+                    return self.attempt(terms);
                 }
-                return self.attempt(terms);
+                return Ok(Attempt::Busy(None));
             }
             Some(ttl) if ttl >= 0 => {
                 return Ok(Attempt::Busy(Some(Duration::from_millis(

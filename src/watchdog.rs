@@ -143,10 +143,10 @@ impl Watchdog {
         }
     }
 
-    /// Marks `hold` lost (found out by its owner rather than by a renewal)
-    /// and reports it like the watchdog does.
+    /// Reports a hold its owner found lost (and already marked lost) the way
+    /// the watchdog reports the ones it finds.
     pub(crate) fn report_lost(&self, hold: &Hold, why: &str) {
-        self.inner.lose(hold, why);
+        self.inner.report(hold, why);
     }
 
     /// Settles a request whose reply was lost, in the background, retrying
@@ -401,9 +401,13 @@ impl Inner {
     }
 
     fn lose(&self, hold: &Hold, why: &str) {
-        if !hold.mark_lost() {
-            return;
+        if hold.mark_lost() {
+            self.report(hold, why);
         }
+    }
+
+    /// Counts, logs and calls back a hold that was just marked lost.
+    fn report(&self, hold: &Hold, why: &str) {
         self.counters.lost.fetch_add(1, Ordering::Relaxed);
         log::error!("redlease: lock {:?} was lost: {why}", hold.name);
         if let Some(cb) = &self.on_lost {
