@@ -1,0 +1,155 @@
+//! Helpers shared by the fault-injection tests (`tests/faults_*.rs`): figures,
+//! client builders, bounded-call checks, a raw `MONITOR` reader and a few
+//! server queries. Use with `mod support; mod faults_common;`.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use redlease::{Client, ClientBuilder};
+
+use crate::support::{RedisServer, Resp};
+
+/// Allowance for scheduling on a loaded 2-core machine, added to every
+/// "returns within" bound.
+pub const MARGIN: Duration = Duration::from_millis(1500);
+
+/// Prints a measured figure for the README's reliability table.
+pub fn figure(text: &str) {
+    println!("FIGURE: {text}");
+}
+
+pub fn ms(d: Duration) -> u128 {
+    d.as_millis()
+}
+
+/// A builder with the given response timeout (everything else default).
+pub fn builder(url: &str, response_timeout: Duration) -> ClientBuilder {
+    Client::builder(url).response_timeout(response_timeout)
+}
+
+/// [`builder`], built.
+pub fn client(url: &str, response_timeout: Duration) -> Client {
+    builder(url, response_timeout)
+        .build()
+        .expect("build client")
+}
+
+/// Runs `f` and returns its result and how long it took.
+pub fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
+    let t = Instant::now();
+    let r = f();
+    (r, t.elapsed())
+}
+
+/// Panics unless `took` is within `bound`.
+pub fn assert_within(what: &str, took: Duration, bound: Duration) {
+    assert!(took <= bound, "{what} took {took:?}; bound {bound:?}");
+}
+
+/// Every key but the expiring release latches and acquire cancel markers.
+pub fn lock_keys(conn: &mut redis::Connection) -> Vec<String> {
+    let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query(conn).expect("KEYS");
+    keys.retain(|k| {
+        !k.starts_with("redisson_unlock_latch:") && !k.starts_with("redlease_acquire_cancel:")
+    });
+    keys.sort();
+    keys
+}
+
+/// [`lock_keys`] over a fresh admin connection.
+pub fn server_lock_keys(srv: &RedisServer) -> Vec<String> {
+    lock_keys(&mut srv.conn())
+}
+
+/// The hold count Redis records for the only owner of `name` (0 if none).
+pub fn server_count(conn: &mut redis::Connection, name: &str) -> u32 {
+    let fields: Vec<(String, u32)> = redis::cmd("HGETALL")
+        .arg(name)
+        .query(conn)
+        .expect("HGETALL");
+    assert!(fields.len() <= 1, "one owner at most: {fields:?}");
+    fields.first().map_or(0, |(_, n)| *n)
+}
+
+/// Subscribers of `channel` on the server.
+pub fn numsub(srv: &RedisServer, channel: &str) -> i64 {
+    match srv.raw(&["PUBSUB", "NUMSUB", channel]) {
+        Resp::Array(Some(v)) => match v.get(1) {
+            Some(Resp::Int(n)) => *n,
+            other => panic!("PUBSUB NUMSUB: {other:?}"),
+        },
+        other => panic!("PUBSUB NUMSUB: {other:?}"),
+    }
+}
+
+/// Starts `waiters`' subscriber before a test proper: its first connection
+/// wakes every waiter once (a SUBSCRIBE sent before it existed may have been
+/// lost), which would add an acquire attempt at an arbitrary moment later.
+pub fn warm_subscriber(holder: &Client, waiters: &Client) {
+    let name = format!("warm:{}", waiters.id());
+    let held = holder.lock(name.as_str()).lock().expect("warm-up lock");
+    let none = waiters
+        .lock(name.as_str())
+        .try_lock_for(Duration::from_millis(200))
+        .expect("warm-up wait");
+    assert!(none.is_none(), "the warm-up lock is held");
+    held.unlock().expect("warm-up unlock");
+}
+
+/// `true` for the MONITOR line of a lock script call (EVALSHA) that carries
+/// `needle` among its arguments.
+pub fn is_script_call(line: &str, needle: &str) -> bool {
+    line.contains("\"EVALSHA\"") && line.contains(needle)
+}
+
+/// `true` for the MONITOR line of an acquire on `name` (its second key is
+/// the request's cancel marker; an undo's second key is the channel).
+pub fn is_acquire_of(line: &str, name: &str) -> bool {
+    is_script_call(line, &format!("\"{name}\" \"redlease_acquire_cancel:"))
+}
+
+/// A raw `MONITOR` connection: every command Redis runs, one line each
+/// (`+<time> [<db> <client address>] "CMD" "arg" ...`).
+pub struct Monitor {
+    lines: BufReader<TcpStream>,
+}
+
+impl Monitor {
+    pub fn start(srv: &RedisServer) -> Monitor {
+        let mut stream =
+            TcpStream::connect_timeout(&srv.addr(), Duration::from_secs(5)).expect("monitor");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("monitor read timeout");
+        stream.write_all(b"MONITOR\r\n").expect("MONITOR");
+        let mut lines = BufReader::new(stream);
+        let mut ok = String::new();
+        lines.read_line(&mut ok).expect("MONITOR reply");
+        assert_eq!(ok.trim_end(), "+OK");
+        Monitor { lines }
+    }
+
+    /// The client address of a MONITOR line (`None` for commands run by Lua).
+    pub fn client_of(line: &str) -> Option<&str> {
+        let inside = line.split_once('[')?.1.split_once(']')?.0;
+        let addr = inside.split_once(' ')?.1;
+        (addr != "lua").then_some(addr)
+    }
+
+    /// Reads until `count` lines matching `pred` were seen (10 s per line at
+    /// most); panics saying `what` it waited for otherwise.
+    pub fn wait_for(&mut self, what: &str, mut pred: impl FnMut(&str) -> bool, count: usize) {
+        let mut seen = 0;
+        while seen < count {
+            let mut line = String::new();
+            self.lines
+                .read_line(&mut line)
+                .unwrap_or_else(|e| panic!("waiting for {what} on MONITOR ({seen}/{count}): {e}"));
+            if pred(&line) {
+                seen += 1;
+            }
+        }
+    }
+}
