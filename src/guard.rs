@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
-use crate::client::Client;
+use crate::client::{Client, Shared};
 use crate::error::{Error, Result};
-use crate::scripts;
+use crate::scripts::{self, LockRef};
 
 static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
 
@@ -70,8 +70,8 @@ impl Hold {
         }
     }
 
-    pub(crate) fn names(&self) -> HoldRef<'_> {
-        HoldRef {
+    pub(crate) fn lock_ref(&self) -> LockRef<'_> {
+        LockRef {
             name: &self.name,
             channel: &self.channel,
             field: &self.field,
@@ -163,11 +163,11 @@ pub(crate) enum Lost {
 }
 
 impl Unsettled {
-    pub(crate) fn new(hold: HoldRef<'_>, key: String, kind: Lost) -> Unsettled {
+    pub(crate) fn new(lock: LockRef<'_>, key: String, kind: Lost) -> Unsettled {
         Unsettled {
-            name: hold.name.to_owned(),
-            channel: hold.channel.to_owned(),
-            field: hold.field.to_owned(),
+            name: lock.name.to_owned(),
+            channel: lock.channel.to_owned(),
+            field: lock.field.to_owned(),
             key,
             kind,
             done: AtomicBool::new(false),
@@ -181,14 +181,27 @@ impl Unsettled {
     pub(crate) fn set_done(&self) {
         self.done.store(true, Ordering::Release);
     }
+
+    pub(crate) fn lock_ref(&self) -> LockRef<'_> {
+        LockRef {
+            name: &self.name,
+            channel: &self.channel,
+            field: &self.field,
+        }
+    }
 }
 
-/// The names a request is about.
-#[derive(Clone, Copy)]
-pub(crate) struct HoldRef<'a> {
-    pub(crate) name: &'a str,
-    pub(crate) channel: &'a str,
-    pub(crate) field: &'a str,
+/// Settles `request` in the background, and until then has this thread's
+/// next operations on its lock mark it done first.
+pub(crate) fn settle_later(shared: &Shared, request: Unsettled) {
+    let request = Arc::new(request);
+    add_pending(shared.id, &request);
+    shared.watchdog.settle_later(request);
+}
+
+/// The keys of `requests`, as the scripts take them.
+pub(crate) fn keys(requests: &[Arc<Unsettled>]) -> Vec<&str> {
+    requests.iter().map(|r| r.key.as_str()).collect()
 }
 
 /// What this thread has of one lock through one client.
@@ -286,7 +299,7 @@ fn remove_hold(hold: &Arc<Hold>) {
     prune(hold.client_id, &hold.name);
 }
 
-pub(crate) fn add_pending(client_id: u64, cancel: &Arc<Unsettled>) {
+fn add_pending(client_id: u64, cancel: &Arc<Unsettled>) {
     with_slot_or_insert(client_id, &cancel.name, |slot| {
         slot.pending.push(Arc::clone(cancel));
     });
@@ -422,17 +435,16 @@ impl LockGuard {
         let latch = scripts::unlock_latch_name(&hold.name, &hold.field, shared.next_request());
         let latch_ms = shared.latch_ttl_ms();
         let pending = unsettled_requests(hold.client_id, &hold.name);
-        let reply: Result<Option<i64>> = shared.redis.run(|conn| {
-            scripts::RELEASE.run(conn, 3 + pending.len(), |cmd| {
-                cmd.arg(&hold.name).arg(&hold.channel).arg(&latch);
-                for p in &pending {
-                    cmd.arg(&p.key);
-                }
-                cmd.arg(&hold.field).arg(left).arg(lease_ms).arg(latch_ms);
-                if !pending.is_empty() {
-                    cmd.arg(scripts::LATE_REQUEST_WINDOW_MS);
-                }
-            })
+        let reply = shared.redis.run(|conn| {
+            scripts::release(
+                conn,
+                hold.lock_ref(),
+                &latch,
+                &keys(&pending),
+                left,
+                lease_ms,
+                latch_ms,
+            )
         });
         let reply = match reply {
             Ok(reply) => reply,
@@ -440,15 +452,9 @@ impl LockGuard {
                 if e.is_connection_error() {
                     // Not sent, or it may have run, or may run later:
                     // complete it in the background as soon as Redis answers
-                    // (the latch makes it run once), and make this owner's
-                    // next operation on the lock set the latch first.
-                    let unsettled = Arc::new(Unsettled::new(
-                        hold.names(),
-                        latch,
-                        Lost::Release { left, lease_ms },
-                    ));
-                    add_pending(hold.client_id, &unsettled);
-                    shared.watchdog.settle_later(unsettled);
+                    // (the latch makes it run once).
+                    let kind = Lost::Release { left, lease_ms };
+                    settle_later(shared, Unsettled::new(hold.lock_ref(), latch, kind));
                 }
                 return Err(e);
             }

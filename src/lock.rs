@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::guard::{
-    add_pending, insert_hold, owner_state, settle, Hold, HoldRef, LockGuard, Lost, Unsettled,
+    insert_hold, keys, owner_state, settle, settle_later, Hold, LockGuard, Lost, Unsettled,
 };
 use crate::scripts;
+use crate::scripts::LockRef;
 
 /// The shortest renewal interval the watchdog accepts. Renewing thousands of
 /// locks more often than this would turn the watchdog into a load on Redis.
@@ -261,11 +262,11 @@ impl Lock {
     /// Empty name, or a Redis or pool error.
     pub fn force_unlock(&self) -> Result<bool> {
         self.check_name()?;
-        let deleted: i64 = self.client.shared.redis.run(|c| {
-            scripts::FORCE_UNLOCK.run(c, 2, |cmd| {
-                cmd.arg(&self.name).arg(&self.channel);
-            })
-        })?;
+        let deleted = self
+            .client
+            .shared
+            .redis
+            .run(|conn| scripts::force_unlock(conn, &self.name, &self.channel))?;
         Ok(deleted == 1)
     }
 
@@ -357,17 +358,20 @@ impl Lock {
         let held = existing.as_ref().map_or(0, |h| h.count());
         let marker = scripts::acquire_cancel_name(&self.name, &field, shared.next_request());
         let sent = Instant::now();
-        let reply: Result<Option<i64>> = shared.redis.run(|c| {
-            scripts::ACQUIRE.run(c, 2 + pending.len(), |cmd| {
-                cmd.arg(&self.name).arg(&marker);
-                for p in &pending {
-                    cmd.arg(&p.key);
-                }
-                cmd.arg(terms.lease_ms).arg(&field).arg(held + 1);
-                if !pending.is_empty() {
-                    cmd.arg(scripts::LATE_REQUEST_WINDOW_MS);
-                }
-            })
+        let lock = LockRef {
+            name: &self.name,
+            channel: &self.channel,
+            field: &field,
+        };
+        let reply = shared.redis.run(|conn| {
+            scripts::acquire(
+                conn,
+                lock,
+                &marker,
+                &keys(&pending),
+                terms.lease_ms,
+                held + 1,
+            )
         });
         let reply = match reply {
             Ok(reply) => reply,
@@ -375,22 +379,13 @@ impl Lock {
                 if e.maybe_applied() {
                     // The request may have run, or run later: undo it in the
                     // background (this call stays within its response
-                    // timeout) and carry its marker in this owner's next
-                    // operations until then.
-                    let unsettled = Arc::new(Unsettled::new(
-                        HoldRef {
-                            name: &self.name,
-                            channel: &self.channel,
-                            field: &field,
-                        },
-                        marker,
-                        Lost::Acquire {
-                            held,
-                            lease_ms: terms.lease_ms,
-                        },
-                    ));
-                    add_pending(shared.id, &unsettled);
-                    shared.watchdog.settle_later(unsettled);
+                    // timeout); until then this owner's next operations on
+                    // the lock mark it done first.
+                    let kind = Lost::Acquire {
+                        held,
+                        lease_ms: terms.lease_ms,
+                    };
+                    settle_later(shared, Unsettled::new(lock, marker, kind));
                 }
                 return Err(e);
             }

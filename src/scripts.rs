@@ -20,8 +20,8 @@ pub(crate) struct Lua {
 }
 
 macro_rules! lua {
-    ($name:ident, $file:literal) => {
-        pub(crate) static $name: Lua = Lua {
+    ($vis:vis $name:ident, $file:literal) => {
+        $vis static $name: Lua = Lua {
             source: include_str!($file),
             sha: LazyLock::new(|| {
                 redis::Script::new(include_str!($file))
@@ -36,7 +36,8 @@ lua!(ACQUIRE, "scripts/acquire.lua");
 lua!(RELEASE, "scripts/release.lua");
 lua!(CANCEL_ACQUIRE, "scripts/cancel_acquire.lua");
 lua!(FORCE_UNLOCK, "scripts/force_unlock.lua");
-lua!(RENEW, "scripts/renew.lua");
+// The watchdog pipelines this one itself (see `watchdog::renew_batch`).
+lua!(pub(crate) RENEW, "scripts/renew.lua");
 
 impl Lua {
     /// The EVALSHA command; `fill` appends the keys, then the arguments;
@@ -59,7 +60,7 @@ impl Lua {
 
     /// Runs the script in one round trip (two only right after Redis lost its
     /// script cache, e.g. on a restart).
-    pub(crate) fn run<T: FromRedisValue>(
+    fn run<T: FromRedisValue>(
         &self,
         conn: &mut redis::Connection,
         num_keys: usize,
@@ -71,6 +72,95 @@ impl Lua {
             other => other,
         }
     }
+}
+
+/// The names one owner's operation on one lock uses.
+#[derive(Clone, Copy)]
+pub(crate) struct LockRef<'a> {
+    /// The lock's key.
+    pub(crate) name: &'a str,
+    /// Its release channel ([`channel_name`]).
+    pub(crate) channel: &'a str,
+    /// The owner field, `<client-uuid>:<thread-id>`.
+    pub(crate) field: &'a str,
+}
+
+/// acquire.lua: `None` when acquired, else the script's code or the
+/// holder's PTTL. `unsettled` are keys of the owner's requests whose reply
+/// was lost, set first (see `guard::Unsettled`).
+pub(crate) fn acquire(
+    conn: &mut redis::Connection,
+    lock: LockRef<'_>,
+    marker: &str,
+    unsettled: &[&str],
+    lease_ms: u64,
+    count: u32,
+) -> RedisResult<Option<i64>> {
+    ACQUIRE.run(conn, 2 + unsettled.len(), |cmd| {
+        cmd.arg(lock.name).arg(marker);
+        for key in unsettled {
+            cmd.arg(*key);
+        }
+        cmd.arg(lease_ms).arg(lock.field).arg(count);
+        if !unsettled.is_empty() {
+            cmd.arg(LATE_REQUEST_WINDOW_MS);
+        }
+    })
+}
+
+/// release.lua: `None` when the owner's field is gone, `Some(0)` when holds
+/// remain, `Some(1)` when the lock was deleted. `unsettled` as for
+/// [`acquire`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn release(
+    conn: &mut redis::Connection,
+    lock: LockRef<'_>,
+    latch: &str,
+    unsettled: &[&str],
+    left: u32,
+    lease_ms: u64,
+    latch_ms: u64,
+) -> RedisResult<Option<i64>> {
+    RELEASE.run(conn, 3 + unsettled.len(), |cmd| {
+        cmd.arg(lock.name).arg(lock.channel).arg(latch);
+        for key in unsettled {
+            cmd.arg(*key);
+        }
+        cmd.arg(lock.field).arg(left).arg(lease_ms).arg(latch_ms);
+        if !unsettled.is_empty() {
+            cmd.arg(LATE_REQUEST_WINDOW_MS);
+        }
+    })
+}
+
+/// cancel_acquire.lua: 1 if an acquisition was undone.
+pub(crate) fn cancel_acquire(
+    conn: &mut redis::Connection,
+    lock: LockRef<'_>,
+    marker: &str,
+    held: u32,
+    lease_ms: u64,
+) -> RedisResult<i64> {
+    CANCEL_ACQUIRE.run(conn, 3, |cmd| {
+        cmd.arg(lock.name)
+            .arg(lock.channel)
+            .arg(marker)
+            .arg(lock.field)
+            .arg(held)
+            .arg(lease_ms)
+            .arg(LATE_REQUEST_WINDOW_MS);
+    })
+}
+
+/// force_unlock.lua: 1 if a lock was deleted.
+pub(crate) fn force_unlock(
+    conn: &mut redis::Connection,
+    name: &str,
+    channel: &str,
+) -> RedisResult<i64> {
+    FORCE_UNLOCK.run(conn, 2, |cmd| {
+        cmd.arg(name).arg(channel);
+    })
 }
 
 pub(crate) fn is_noscript(e: &redis::RedisError) -> bool {

@@ -294,27 +294,20 @@ impl Inner {
             }
             let result = self.redis.run(|conn| match u.kind {
                 Lost::Acquire { held, lease_ms } => {
-                    scripts::CANCEL_ACQUIRE.run::<i64>(conn, 3, |cmd| {
-                        cmd.arg(&u.name)
-                            .arg(&u.channel)
-                            .arg(&u.key)
-                            .arg(&u.field)
-                            .arg(held)
-                            .arg(lease_ms)
-                            .arg(scripts::LATE_REQUEST_WINDOW_MS);
-                    })
+                    scripts::cancel_acquire(conn, u.lock_ref(), &u.key, held, lease_ms)
                 }
-                Lost::Release { left, lease_ms } => scripts::RELEASE
-                    .run::<Option<i64>>(conn, 3, |cmd| {
-                        cmd.arg(&u.name)
-                            .arg(&u.channel)
-                            .arg(&u.key)
-                            .arg(&u.field)
-                            .arg(left)
-                            .arg(lease_ms)
-                            .arg(scripts::LATE_REQUEST_WINDOW_MS);
-                    })
-                    .map(|r| r.unwrap_or(0)),
+                // A release runs with the window as its latch TTL: a copy of
+                // it may still arrive.
+                Lost::Release { left, lease_ms } => scripts::release(
+                    conn,
+                    u.lock_ref(),
+                    &u.key,
+                    &[],
+                    left,
+                    lease_ms,
+                    scripts::LATE_REQUEST_WINDOW_MS,
+                )
+                .map(|r| r.unwrap_or(0)),
             });
             match result {
                 Ok(applied) => {
