@@ -1028,31 +1028,6 @@ fn redis_error_replies_are_errors() {
 // Names and layout
 // ---------------------------------------------------------------------------
 
-/// Subscribes a plain connection to `channel` (confirmed before returning)
-/// and forwards each message's payload.
-fn listen(srv: &RedisServer, channel: &str) -> mpsc::Receiver<Vec<u8>> {
-    let mut conn = srv.conn();
-    let channel = channel.to_owned();
-    let (ready_tx, ready_rx) = mpsc::channel();
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        let mut ps = conn.as_pubsub();
-        ps.subscribe(&channel).expect("SUBSCRIBE");
-        ps.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let _ = ready_tx.send(());
-        while let Ok(msg) = ps.get_message() {
-            assert_eq!(msg.get_channel_name(), channel);
-            if tx.send(msg.get_payload_bytes().to_vec()).is_err() {
-                break;
-            }
-        }
-    });
-    ready_rx
-        .recv_timeout(WAIT)
-        .expect("the listener to subscribe");
-    rx
-}
-
 #[test]
 fn binary_safe_names() {
     let srv = RedisServer::start();
@@ -1136,7 +1111,7 @@ fn redis_layout_matches_redisson() {
             "another thread of the same client"
         );
 
-        let messages = listen(&srv, channel);
+        let messages = srv.listen(channel);
         let g2 = lock.lock().unwrap();
         assert_eq!(
             hgetall(&mut conn, name).get(field.as_bytes()).unwrap(),

@@ -107,31 +107,6 @@ fn client(srv: &RedisServer) -> Client {
         .expect("client connects to the test server")
 }
 
-/// Subscribes a plain connection to `channel` (confirmed before returning),
-/// as Redisson's waiters do, and forwards each payload.
-fn listen(srv: &RedisServer, channel: &str) -> mpsc::Receiver<String> {
-    let mut conn = srv.conn();
-    let channel = channel.to_owned();
-    let (ready_tx, ready_rx) = mpsc::channel();
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        let mut ps = conn.as_pubsub();
-        ps.subscribe(&channel).expect("SUBSCRIBE");
-        ps.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let _ = ready_tx.send(());
-        while let Ok(msg) = ps.get_message() {
-            let payload: String = msg.get_payload().unwrap();
-            if tx.send(payload).is_err() {
-                break;
-            }
-        }
-    });
-    ready_rx
-        .recv_timeout(WAIT)
-        .expect("the listener to subscribe");
-    rx
-}
-
 #[test]
 fn redisson_holder_excludes_redlease_and_its_release_wakes_a_waiter() {
     let srv = RedisServer::start();
@@ -214,7 +189,7 @@ fn redlease_holder_excludes_redisson_and_wakes_its_channel() {
     let mut redisson = Redisson::new(&srv);
     for name in ["shared:stock", "tagged{shared}:stock"] {
         let lock = client.lock(name);
-        let messages = listen(&srv, &redisson_channel(name));
+        let messages = srv.listen(&redisson_channel(name));
 
         let g1 = lock.lock().unwrap();
         let g2 = lock.lock().unwrap();
@@ -245,13 +220,13 @@ fn redlease_holder_excludes_redisson_and_wakes_its_channel() {
             .arg("marker")
             .query(&mut srv.conn())
             .unwrap();
-        assert_eq!(messages.recv_timeout(WAIT).expect("the marker"), "marker");
+        assert_eq!(messages.recv_timeout(WAIT).expect("the marker"), b"marker");
         g1.unlock().unwrap();
         assert_eq!(
             messages
                 .recv_timeout(WAIT)
                 .expect("redlease's release message"),
-            "0",
+            b"0",
             "Redisson's waiters listen for 0 on {}",
             redisson_channel(name)
         );
@@ -264,7 +239,7 @@ fn redlease_holder_excludes_redisson_and_wakes_its_channel() {
             messages
                 .recv_timeout(WAIT)
                 .expect("Redisson's release message"),
-            "0"
+            b"0"
         );
         drop(lock.try_lock().unwrap().expect("free again"));
     }

@@ -1004,3 +1004,33 @@ fn pump(
     }
     shared.remove(pair);
 }
+
+impl RedisServer {
+    /// Subscribes a plain connection to `channel` (as Redisson's waiters do),
+    /// waits until the subscription is confirmed, and forwards each message's
+    /// payload. The listener thread ends when the receiver is dropped or after
+    /// 20 s without a message.
+    pub fn listen(&self, channel: &str) -> std::sync::mpsc::Receiver<Vec<u8>> {
+        let mut conn = self.conn();
+        let channel = channel.to_owned();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (tx, rx) = std::sync::mpsc::channel();
+        thread::spawn(move || {
+            let mut ps = conn.as_pubsub();
+            ps.subscribe(&channel).expect("SUBSCRIBE");
+            ps.set_read_timeout(Some(Duration::from_secs(20)))
+                .expect("read timeout");
+            let _ = ready_tx.send(());
+            while let Ok(msg) = ps.get_message() {
+                assert_eq!(msg.get_channel_name(), channel);
+                if tx.send(msg.get_payload_bytes().to_vec()).is_err() {
+                    break;
+                }
+            }
+        });
+        ready_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("timed out waiting for the listener to subscribe");
+        rx
+    }
+}
