@@ -57,7 +57,9 @@ pub(crate) struct Shared {
     pub(crate) watchdog: Watchdog,
     pub(crate) pubsub: PubSub,
     pub(crate) watchdog_timeout: Duration,
-    response_timeout: Duration,
+    /// How long the latch of a release lives: long enough for a retry of the
+    /// same request to find it (4 response timeouts, at least 1 s).
+    pub(crate) latch_ttl_ms: u64,
     next_request: AtomicU64,
 }
 
@@ -74,14 +76,6 @@ impl Shared {
     /// A number unique to this client, for request ids.
     pub(crate) fn next_request(&self) -> u64 {
         self.next_request.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// How long a release latch or an acquire cancel marker lives: long
-    /// enough for a retry of the same request to find it.
-    pub(crate) fn latch_ttl_ms(&self) -> u64 {
-        duration_ms(self.response_timeout)
-            .saturating_mul(4)
-            .max(1000)
     }
 }
 
@@ -125,7 +119,7 @@ impl Client {
         let wd = s.watchdog.counters();
         ClientStats {
             round_trips: s.redis.counters.round_trips.load(Ordering::Relaxed),
-            connection_failures: s.redis.counters.reconnects.load(Ordering::Relaxed),
+            connection_failures: s.redis.counters.failures.load(Ordering::Relaxed),
             renewal_round_trips: wd.round_trips.load(Ordering::Relaxed),
             renewals: wd.renewals.load(Ordering::Relaxed),
             locks_lost: wd.lost.load(Ordering::Relaxed),
@@ -150,7 +144,8 @@ impl fmt::Debug for Client {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ClientStats {
-    /// Round trips to Redis made by lock operations and the watchdog.
+    /// Round trips to Redis made by lock operations, queries and the
+    /// watchdog (a retry after a dropped connection counts again).
     pub round_trips: u64,
     /// Connection failures seen (each discards the pooled connections).
     pub connection_failures: u64,
@@ -160,7 +155,7 @@ pub struct ClientStats {
     pub renewals: u64,
     /// Held locks found lost (see [`ClientBuilder::on_lock_lost`]).
     pub locks_lost: u64,
-    /// Entries in the watchdog's schedule (released ones until their due time).
+    /// Locks the watchdog is renewing.
     pub watchdog_entries: usize,
     /// Release channels with at least one waiter in this process.
     pub subscribed_channels: usize,
@@ -210,8 +205,10 @@ impl ClientBuilder {
         self
     }
 
-    /// How long to wait to connect, or for a free pooled connection.
-    /// Defaults to 2 s.
+    /// How long to wait to open a connection (TCP connect and handshake);
+    /// `build()` fails after it when Redis is unreachable. A call waits for a
+    /// pooled connection at most this or the response timeout, whichever is
+    /// shorter. Defaults to 2 s.
     pub fn connection_timeout(mut self, timeout: Duration) -> Self {
         self.connection_timeout = timeout;
         self
@@ -325,7 +322,9 @@ impl ClientBuilder {
             pubsub: PubSub::new(target, self.connection_timeout, self.response_timeout),
             redis,
             watchdog_timeout: self.watchdog_timeout,
-            response_timeout: self.response_timeout,
+            latch_ttl_ms: duration_ms(self.response_timeout)
+                .saturating_mul(4)
+                .max(1000),
             next_request: AtomicU64::new(0),
         };
         Ok(Client {
@@ -361,10 +360,11 @@ fn redact(url: &str) -> String {
         return url.to_owned();
     };
     let userinfo = &rest[..at];
-    let user = userinfo.split_once(':').map_or("", |(u, _)| u);
-    if !userinfo.contains(':') && userinfo.is_empty() {
+    if userinfo.is_empty() {
         return url.to_owned();
     }
+    // `user:password`, or a lone password (redis-rs reads `redis://pw@h`).
+    let user = userinfo.split_once(':').map_or("", |(u, _)| u);
     format!("{}{user}:***{}", &url[..scheme_end + 3], &rest[at..])
 }
 

@@ -19,7 +19,7 @@ pub(crate) struct Conn {
 #[derive(Default)]
 pub(crate) struct Counters {
     pub(crate) round_trips: AtomicU64,
-    pub(crate) reconnects: AtomicU64,
+    pub(crate) failures: AtomicU64,
 }
 
 /// The r2d2 manager. Redis's own r2d2 glue sets no socket timeouts and PINGs
@@ -35,27 +35,17 @@ pub(crate) struct Manager {
 }
 
 #[derive(Debug)]
-pub(crate) struct StaleConnection;
-
-impl std::fmt::Display for StaleConnection {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("connection predates a connection failure")
-    }
-}
-
-impl std::error::Error for StaleConnection {}
-
-#[derive(Debug)]
 pub(crate) enum ManagerError {
     Redis(redis::RedisError),
-    Stale(StaleConnection),
+    /// Made before a connection failure (or broken): discard it.
+    Stale,
 }
 
 impl std::fmt::Display for ManagerError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ManagerError::Redis(e) => e.fmt(f),
-            ManagerError::Stale(e) => e.fmt(f),
+            ManagerError::Stale => f.write_str("connection predates a connection failure"),
         }
     }
 }
@@ -98,8 +88,8 @@ impl r2d2::ManageConnection for Manager {
     }
 
     fn is_valid(&self, conn: &mut Conn) -> Result<(), ManagerError> {
-        if conn.epoch < self.epoch.load(Ordering::Acquire) || !conn.inner.is_open() {
-            return Err(ManagerError::Stale(StaleConnection));
+        if self.has_broken(conn) {
+            return Err(ManagerError::Stale);
         }
         Ok(())
     }
@@ -184,7 +174,7 @@ impl Redis {
         // this point carry the new epoch.
         let old = self.epoch.fetch_max(conn.epoch + 1, Ordering::AcqRel);
         if old <= conn.epoch {
-            self.counters.reconnects.fetch_add(1, Ordering::Relaxed);
+            self.counters.failures.fetch_add(1, Ordering::Relaxed);
         }
     }
 }

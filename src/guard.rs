@@ -433,7 +433,7 @@ impl LockGuard {
         };
         let shared = &self.client.shared;
         let latch = scripts::unlock_latch_name(&hold.name, &hold.field, shared.next_request());
-        let latch_ms = shared.latch_ttl_ms();
+        let latch_ms = shared.latch_ttl_ms;
         let pending = unsettled_requests(hold.client_id, &hold.name);
         let reply = shared.redis.run(|conn| {
             scripts::release(

@@ -16,8 +16,9 @@ use crate::scripts::LockRef;
 /// locks more often than this would turn the watchdog into a load on Redis.
 pub const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(50);
 
-/// The longest lease accepted (about 292 years; Redis keeps expiry times in
-/// signed 64-bit milliseconds).
+/// The longest lease accepted: 2^53 ms (about 285,000 years), the largest
+/// whole number a Lua script handles exactly, and well inside Redis's 64-bit
+/// millisecond expiry times.
 pub const MAX_LEASE: Duration = Duration::from_millis(1 << 53);
 
 /// When waiting for a holder that set no lease (PTTL -1), re-check at least

@@ -1,21 +1,23 @@
 //! The renewal scheduler (`redlease-watchdog`): one thread per client keeps
 //! every watched lock alive, whatever their number.
 //!
-//! Entries sit in an ordered map by due time, each with its own interval and
-//! lease; a release removes its entry at once (a map operation), so released
-//! locks cost the thread nothing. A wake-up takes every entry that is due, plus those due within their
-//! slack (a tenth of their interval), and renews them all in one round trip: a
-//! pipeline of multi-key renewal scripts of at most [`CHUNK`] locks each. An
-//! entry is keyed by its [`Hold`] (the lock and owner), which re-entries
-//! share.
+//! The schedule is an ordered map by due time; each entry points (weakly) at
+//! the [`Hold`] it renews, which re-entries of one owner share, and carries
+//! that lock's own interval and lease. A release removes its entry at once (a
+//! map operation), so released locks cost the thread nothing. A wake-up takes
+//! every entry that is due, plus those due within a tenth of their interval,
+//! and renews them all in one round trip: a pipeline of multi-key renewal
+//! scripts of at most [`CHUNK`] locks each.
 //!
-//! Renewal result 0 (the key or our field is gone) marks the hold lost at
-//! once. A renewal that fails on the connection is retried every
-//! [`RETRY_DELAY`] (or sooner, per interval) until the last confirmed renewal
-//! plus the lease has passed; then the hold is lost. Nothing is locked across
-//! the round trip.
+//! A lock the renewal script reports gone (key or owner field missing) is
+//! lost at once. A renewal that fails on the connection is retried every
+//! [`RETRY_DELAY`] (or its interval, if shorter) until the last confirmed
+//! renewal plus the lease has passed; then the hold is lost. Nothing is
+//! locked across the round trip.
 //!
 //! The same thread settles requests whose reply was lost ([`Unsettled`]).
+//! When the client goes away, requests still unsettled are left to their
+//! lease.
 
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -134,8 +136,9 @@ impl Watchdog {
         })
     }
 
-    /// Stops renewing `hold` (released: its `released` flag is already set,
-    /// so a renewal in flight does not schedule it again).
+    /// Stops renewing `hold`. The caller has already released it or dropped
+    /// its last watched guard, so a renewal in flight does not schedule it
+    /// again (see `Hold::is_watched`).
     pub(crate) fn unwatch(&self, hold: &Hold) {
         let mut st = self.inner.state.lock();
         if let Some(key) = hold.take_schedule_key() {
@@ -286,10 +289,22 @@ impl Inner {
     /// still be on its way, so this is retried (backing off to
     /// [`MAX_SETTLE_DELAY`]) until it has run once; from then on the request's
     /// key makes a late copy a no-op.
+    ///
+    /// After a connection failure the rest of the pass is deferred untried:
+    /// one stalled server must not hold the thread (and the renewals behind
+    /// it) for a response timeout per request.
     fn settle(&self, requests: Vec<(u32, Arc<Unsettled>)>) {
         let mut again = Vec::new();
+        let mut failed = false;
         for (tries, u) in requests {
             if u.is_done() {
+                continue;
+            }
+            let backoff = RETRY_DELAY
+                .saturating_mul(1 << tries.min(6))
+                .min(MAX_SETTLE_DELAY);
+            if failed {
+                again.push((Instant::now() + backoff, tries, u));
                 continue;
             }
             let result = self.redis.run(|conn| match u.kind {
@@ -328,10 +343,8 @@ impl Inner {
                             u.name
                         );
                     }
-                    let delay = RETRY_DELAY
-                        .saturating_mul(1 << tries.min(6))
-                        .min(MAX_SETTLE_DELAY);
-                    again.push((Instant::now() + delay, tries.saturating_add(1), u));
+                    failed = e.is_connection_error();
+                    again.push((Instant::now() + backoff, tries.saturating_add(1), u));
                 }
             }
         }

@@ -721,3 +721,45 @@ fn ten_thousand_locks_one_watchdog_batched_renewals() {
         println!("{line}");
     }
 }
+
+/// A lock whose key someone overwrote with a string is lost alone: the
+/// renewal of the other locks in the same batch goes on.
+#[test]
+fn overwritten_key_does_not_fail_the_other_renewals() {
+    let srv = RedisServer::start();
+    let (lost_tx, lost_rx) = std::sync::mpsc::channel::<String>();
+    let lost_tx = std::sync::Mutex::new(lost_tx);
+    let client = redlease::Client::builder(&srv.url())
+        .watchdog_timeout(Duration::from_millis(900))
+        .on_lock_lost(move |name: &str| {
+            let _ = lost_tx.lock().unwrap().send(name.to_owned());
+        })
+        .build()
+        .expect("client connects to the test server");
+    let guards: Vec<_> = (0..5)
+        .map(|i| client.lock(format!("batch:{i}")).lock().unwrap())
+        .collect();
+    let mut conn = srv.conn();
+    let _: () = redis::cmd("SET")
+        .arg("batch:2")
+        .arg("not a hash")
+        .query(&mut conn)
+        .unwrap();
+    let lost = lost_rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("timed out waiting for the overwritten lock to be reported lost");
+    assert_eq!(lost, "batch:2");
+    // Three more lease periods: the other four stay renewed and held.
+    let until = Instant::now() + Duration::from_millis(2700);
+    while Instant::now() < until {
+        for (i, g) in guards.iter().enumerate() {
+            if i != 2 {
+                assert!(!g.is_lost(), "lock batch:{i} was lost with batch:2");
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(guards[2].is_lost());
+    assert!(lost_rx.try_recv().is_err(), "only batch:2 is lost");
+    assert_eq!(client.stats().locks_lost, 1);
+}
