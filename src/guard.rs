@@ -16,8 +16,12 @@ use crate::scripts::{self, LockRef};
 static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
 
 /// `t` as nanoseconds since a process-wide epoch (saturating), for atomics.
-pub(crate) fn to_nanos(t: Instant) -> u64 {
+fn to_nanos(t: Instant) -> u64 {
     u64::try_from(t.saturating_duration_since(*EPOCH).as_nanos()).unwrap_or(u64::MAX)
+}
+
+fn deadline_nanos(sent: Instant, lease_ms: u64) -> u64 {
+    to_nanos(sent).saturating_add(lease_ms.saturating_mul(1_000_000))
 }
 
 fn from_nanos(n: u64) -> Instant {
@@ -86,7 +90,7 @@ impl Hold {
     /// `true` if it is the first watched guard (the caller starts renewal).
     pub(crate) fn acquired(&self, sent: Instant, lease_ms: u64, watched: bool) -> bool {
         self.count.fetch_add(1, Ordering::AcqRel);
-        self.confirm(sent, lease_ms);
+        self.leased(sent, lease_ms);
         if watched {
             self.watch_lease_ms.store(lease_ms, Ordering::Release);
             self.watched.fetch_add(1, Ordering::AcqRel) == 0
@@ -101,10 +105,19 @@ impl Hold {
         self.is_active() && self.watched.load(Ordering::Acquire) > 0
     }
 
-    /// Records that Redis held the lease for `lease_ms` from `sent` on.
+    /// Records a renewal sent at `sent`: it extended the lease to at least
+    /// `lease_ms` from then.
     pub(crate) fn confirm(&self, sent: Instant, lease_ms: u64) {
-        let until = to_nanos(sent).saturating_add(lease_ms.saturating_mul(1_000_000));
-        self.valid_until.fetch_max(until, Ordering::AcqRel);
+        self.valid_until
+            .fetch_max(deadline_nanos(sent, lease_ms), Ordering::AcqRel);
+    }
+
+    /// Records an operation sent at `sent` that set the lease to `lease_ms`
+    /// (an acquisition or a partial release: PEXPIRE may shorten it, so the
+    /// old bound no longer holds).
+    fn leased(&self, sent: Instant, lease_ms: u64) {
+        self.valid_until
+            .store(deadline_nanos(sent, lease_ms), Ordering::Release);
     }
 
     pub(crate) fn valid_until(&self) -> Instant {
@@ -432,6 +445,7 @@ impl LockGuard {
             hold.explicit_lease_ms.load(Ordering::Acquire)
         };
         let shared = &self.client.shared;
+        let sent = Instant::now();
         let latch = scripts::unlock_latch_name(&hold.name, &hold.field, shared.next_request());
         let latch_ms = shared.latch_ttl_ms;
         let pending = unsettled_requests(hold.client_id, &hold.name);
@@ -461,7 +475,12 @@ impl LockGuard {
         };
         settle(hold.client_id, &pending);
         match reply {
-            Some(_) => Ok(()),
+            Some(_) => {
+                if left > 0 {
+                    hold.leased(sent, lease_ms);
+                }
+                Ok(())
+            }
             None => {
                 // Gone on the server: the other guards of this owner are lost too.
                 hold.mark_lost();

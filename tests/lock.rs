@@ -1171,3 +1171,32 @@ fn send_sync_pins() {
     error_like::<Error>();
     // LockGuard is !Send: a compile_fail doctest in src/guard.rs pins it.
 }
+
+/// Re-entering with a shorter explicit lease shortens the lock's life on
+/// Redis (PEXPIRE), and the guards' local check follows: `ensure_held()`
+/// must not vouch for the longer, earlier lease.
+#[test]
+fn shorter_reentry_lease_bounds_ensure_held() {
+    let srv = RedisServer::start();
+    let client = client(&srv);
+    let lock = client.lock("short:reentry");
+    let outer = lock.lock_with_lease(Duration::from_secs(60)).unwrap();
+    let inner = lock.lock_with_lease(Duration::from_millis(300)).unwrap();
+    wait_until("the re-entered lock to expire", WAIT, || {
+        !lock.is_locked().unwrap()
+    });
+    assert!(
+        outer.is_lost(),
+        "the outer guard vouches for an expired lock"
+    );
+    assert!(inner.ensure_held().unwrap_err().is_lock_lost());
+    // A partial release re-applies the remaining (explicit) lease too.
+    let a = lock.lock_with_lease(Duration::from_secs(60)).unwrap();
+    let b = lock.lock_with_lease(Duration::from_millis(300)).unwrap();
+    drop(a);
+    assert!(b.ensure_held().is_ok());
+    wait_until("the partially released lock to expire", WAIT, || {
+        !lock.is_locked().unwrap()
+    });
+    assert!(b.is_lost());
+}
