@@ -318,12 +318,13 @@ fn add_pending(client_id: u64, cancel: &Arc<Unsettled>) {
     });
 }
 
-/// The keys of `cancels` are now set on Redis: late copies are harmless.
-pub(crate) fn settle(client_id: u64, cancels: &[Arc<Unsettled>]) {
-    for c in cancels {
-        c.set_done();
+/// The keys of `requests` (all on one lock) are now set on Redis: late
+/// copies are harmless, nothing is left to settle.
+pub(crate) fn settle(client_id: u64, requests: &[Arc<Unsettled>]) {
+    for r in requests {
+        r.set_done();
     }
-    if let Some(first) = cancels.first() {
+    if let Some(first) = requests.first() {
         with_slot(client_id, &first.name, |slot| {
             if let Some(slot) = slot {
                 slot.pending.retain(|p| !p.is_done());

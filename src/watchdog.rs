@@ -238,8 +238,8 @@ impl Inner {
                 return None;
             }
             let renewal = st.schedule.first_key_value().map(|(k, _)| k.0);
-            let cancel = st.unsettled.iter().map(|(at, _, _)| *at).min();
-            let next = match (renewal, cancel) {
+            let settle = st.unsettled.iter().map(|(at, _, _)| *at).min();
+            let next = match (renewal, settle) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
