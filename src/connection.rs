@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use redis::ConnectionLike;
 
-use crate::error::{Error, Result};
+use crate::error::{is_io_failure, Error, Result};
 
 /// A pooled connection and the pool epoch it was made in.
 pub(crate) struct Conn {
@@ -179,8 +179,9 @@ impl Redis {
     }
 }
 
+/// The connection can no longer be trusted (it may even get a late reply).
 fn is_connection_failure(e: &redis::RedisError) -> bool {
-    e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.is_unrecoverable_error()
+    is_io_failure(e) || e.is_unrecoverable_error()
 }
 
 /// Logs the pool's failures to connect at `warn` (r2d2's default is `error`):

@@ -24,9 +24,13 @@ pub enum Error {
     /// Redis answered with an error, or the connection failed or timed out in
     /// the middle of a command.
     Redis(redis::RedisError),
-    /// No connection could be had within the connection timeout: Redis is
-    /// unreachable, refuses the connection, or every pooled connection is busy.
+    /// No connection could be had in time (within the connection timeout, or
+    /// the response timeout if shorter): Redis is unreachable, refuses the
+    /// connection, does not answer, or every pooled connection is busy.
     Pool(String),
+    /// A background thread of the client (watchdog or subscriber) could not
+    /// be started; the operating system refused a new thread.
+    Thread(std::io::Error),
     /// The lock is no longer held by this guard: its lease ran out, it was
     /// deleted (for example by `force_unlock` or a Redis restart), or the
     /// watchdog could not renew it in time. Whatever the guard protected may
@@ -63,19 +67,12 @@ impl Error {
     /// `true` if Redis could not be reached or the connection broke: the
     /// operation may succeed when retried later.
     pub fn is_connection_error(&self) -> bool {
-        match self {
-            Error::Redis(e) => e.is_io_error() || e.is_connection_dropped() || e.is_timeout(),
-            Error::Pool(_) => true,
-            _ => false,
-        }
+        self.maybe_applied() || matches!(self, Error::Pool(_))
     }
 
     /// The request may have reached Redis and run, though no reply came.
     pub(crate) fn maybe_applied(&self) -> bool {
-        match self {
-            Error::Redis(e) => e.is_io_error() || e.is_connection_dropped() || e.is_timeout(),
-            _ => false,
-        }
+        matches!(self, Error::Redis(e) if is_io_failure(e))
     }
 
     pub(crate) fn invalid(msg: impl Into<String>) -> Error {
@@ -87,6 +84,12 @@ impl Error {
     }
 }
 
+/// The connection failed or timed out while a command was under way (as
+/// opposed to an error reply from Redis).
+pub(crate) fn is_io_failure(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_timeout()
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -95,8 +98,13 @@ impl fmt::Display for Error {
             Error::Redis(e) => write!(f, "redis error: {e}"),
             Error::Pool(msg) => write!(
                 f,
-                "no redis connection within the connection timeout ({msg}); \
-                 check that redis is reachable, or raise pool_size or connection_timeout"
+                "no redis connection in time ({msg}); check that redis is reachable and \
+                 answering, or raise pool_size, connection_timeout or response_timeout"
+            ),
+            Error::Thread(e) => write!(
+                f,
+                "cannot start a background thread of redlease ({e}); the process may have \
+                 reached its thread limit"
             ),
             Error::LockLost { name } => write!(
                 f,
@@ -111,6 +119,7 @@ impl StdError for Error {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         match self {
             Error::Redis(e) => Some(e),
+            Error::Thread(e) => Some(e),
             _ => None,
         }
     }

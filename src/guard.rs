@@ -284,17 +284,6 @@ pub(crate) fn owner_state(client_id: u64, name: &str) -> (Option<Arc<Hold>>, Vec
     .unwrap_or_default()
 }
 
-fn unsettled_requests(client_id: u64, name: &str) -> Vec<Arc<Unsettled>> {
-    with_slot(client_id, name, |slot| {
-        slot.map(|slot| {
-            slot.pending.retain(|p| !p.is_done());
-            slot.pending.clone()
-        })
-    })
-    .flatten()
-    .unwrap_or_default()
-}
-
 pub(crate) fn insert_hold(hold: &Arc<Hold>) {
     with_slot_or_insert(hold.client_id, &hold.name, |slot| {
         slot.hold = Some(Arc::clone(hold));
@@ -449,7 +438,7 @@ impl LockGuard {
         let sent = Instant::now();
         let latch = scripts::unlock_latch_name(&hold.name, &hold.field, shared.next_request());
         let latch_ms = shared.latch_ttl_ms;
-        let pending = unsettled_requests(hold.client_id, &hold.name);
+        let (_, pending) = owner_state(hold.client_id, &hold.name);
         let reply = shared.redis.run(|conn| {
             scripts::release(
                 conn,

@@ -5,12 +5,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::client::Client;
+use crate::connection::Redis;
 use crate::error::{Error, Result};
 use crate::guard::{
     insert_hold, keys, owner_state, settle, settle_later, Hold, LockGuard, Lost, Unsettled,
 };
-use crate::scripts;
-use crate::scripts::LockRef;
+use crate::scripts::{self, LockRef};
 
 /// The shortest renewal interval the watchdog accepts. Renewing thousands of
 /// locks more often than this would turn the watchdog into a load on Redis.
@@ -123,8 +123,7 @@ impl Lock {
     /// error. A failed call never leaves the lock held in the caller's name.
     pub fn lock(&self) -> Result<LockGuard> {
         let terms = self.watchdog_terms()?;
-        self.acquire(Wait::Forever, terms)
-            .map(|g| g.expect("an unbounded wait returns only once acquired"))
+        self.acquire_forever(&terms)
     }
 
     /// Acquires the lock if it is free (or already held by this thread),
@@ -135,7 +134,7 @@ impl Lock {
     /// As for [`lock`](Lock::lock).
     pub fn try_lock(&self) -> Result<Option<LockGuard>> {
         let terms = self.watchdog_terms()?;
-        self.acquire(Wait::No, terms)
+        self.acquire(Wait::No, &terms)
     }
 
     /// Acquires the lock, waiting at most `wait`; `None` if it stayed busy.
@@ -147,7 +146,7 @@ impl Lock {
     /// As for [`lock`](Lock::lock).
     pub fn try_lock_for(&self, wait: Duration) -> Result<Option<LockGuard>> {
         let terms = self.watchdog_terms()?;
-        self.acquire(Wait::after(wait), terms)
+        self.acquire(Wait::after(wait), &terms)
     }
 
     /// Acquires the lock, waiting until `deadline` at the latest; `None` if it
@@ -158,7 +157,7 @@ impl Lock {
     /// As for [`lock`](Lock::lock).
     pub fn try_lock_until(&self, deadline: Instant) -> Result<Option<LockGuard>> {
         let terms = self.watchdog_terms()?;
-        self.acquire(Wait::Until(deadline), terms)
+        self.acquire(Wait::Until(deadline), &terms)
     }
 
     /// Acquires the lock with a fixed `lease`, waiting as long as it takes.
@@ -170,8 +169,7 @@ impl Lock {
     /// error.
     pub fn lock_with_lease(&self, lease: Duration) -> Result<LockGuard> {
         let terms = self.lease_terms(lease)?;
-        self.acquire(Wait::Forever, terms)
-            .map(|g| g.expect("an unbounded wait returns only once acquired"))
+        self.acquire_forever(&terms)
     }
 
     /// Acquires the lock with a fixed `lease`, waiting at most `wait`; `None`
@@ -186,7 +184,7 @@ impl Lock {
         lease: Duration,
     ) -> Result<Option<LockGuard>> {
         let terms = self.lease_terms(lease)?;
-        self.acquire(Wait::after(wait), terms)
+        self.acquire(Wait::after(wait), &terms)
     }
 
     /// `true` if anyone holds the lock.
@@ -196,9 +194,7 @@ impl Lock {
     /// Empty name, or a Redis or pool error.
     pub fn is_locked(&self) -> Result<bool> {
         self.check_name()?;
-        self.client
-            .shared
-            .redis
+        self.redis()
             .run(|c| redis::cmd("EXISTS").arg(&self.name).query(c))
     }
 
@@ -212,9 +208,7 @@ impl Lock {
         self.check_name()?;
         let field = self.client.shared.owner_field();
         let n: Option<u32> = self
-            .client
-            .shared
-            .redis
+            .redis()
             .run(|c| redis::cmd("HGET").arg(&self.name).arg(&field).query(c))?;
         Ok(n.unwrap_or(0))
     }
@@ -227,9 +221,7 @@ impl Lock {
     pub fn is_held_by_current_thread(&self) -> Result<bool> {
         self.check_name()?;
         let field = self.client.shared.owner_field();
-        self.client
-            .shared
-            .redis
+        self.redis()
             .run(|c| redis::cmd("HEXISTS").arg(&self.name).arg(&field).query(c))
     }
 
@@ -243,9 +235,7 @@ impl Lock {
     pub fn remaining_lease(&self) -> Result<Option<Duration>> {
         self.check_name()?;
         let ms: i64 = self
-            .client
-            .shared
-            .redis
+            .redis()
             .run(|c| redis::cmd("PTTL").arg(&self.name).query(c))?;
         Ok(match ms {
             -2 => None,
@@ -264,11 +254,13 @@ impl Lock {
     pub fn force_unlock(&self) -> Result<bool> {
         self.check_name()?;
         let deleted = self
-            .client
-            .shared
-            .redis
+            .redis()
             .run(|conn| scripts::force_unlock(conn, &self.name, &self.channel))?;
         Ok(deleted == 1)
+    }
+
+    fn redis(&self) -> &Redis {
+        &self.client.shared.redis
     }
 
     fn check_name(&self) -> Result<()> {
@@ -319,18 +311,18 @@ impl Lock {
     /// Try; if busy, subscribe to the release channel, then retry and wait
     /// for a release message or the holder's lease, whichever comes first,
     /// until the deadline.
-    fn acquire(&self, wait: Wait, terms: Terms) -> Result<Option<LockGuard>> {
+    fn acquire(&self, wait: Wait, terms: &Terms) -> Result<Option<LockGuard>> {
         let deadline = wait.deadline();
-        if let Attempt::Acquired(g) = self.attempt(&terms)? {
+        if let Attempt::Acquired(g) = self.attempt(terms)? {
             return Ok(Some(g));
         }
-        if matches!(wait, Wait::No) || deadline.is_some_and(|d| Instant::now() >= d) {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
             return Ok(None);
         }
         let shared = &self.client.shared;
         let subscription = shared.pubsub.subscribe(&self.channel, deadline)?;
         loop {
-            let ttl = match self.attempt(&terms)? {
+            let ttl = match self.attempt(terms)? {
                 Attempt::Acquired(g) => return Ok(Some(g)),
                 Attempt::Busy(ttl) => ttl,
             };
@@ -346,6 +338,16 @@ impl Lock {
                 until = until.min(d);
             }
             subscription.wait_until(until);
+        }
+    }
+
+    /// [`acquire`](Lock::acquire) with no deadline: it returns only once
+    /// acquired (or on an error).
+    fn acquire_forever(&self, terms: &Terms) -> Result<LockGuard> {
+        loop {
+            if let Some(guard) = self.acquire(Wait::Forever, terms)? {
+                return Ok(guard);
+            }
         }
     }
 
@@ -430,7 +432,7 @@ impl Lock {
             shared
                 .watchdog
                 .watch(&hold, interval, terms.lease_ms)
-                .map_err(|e| Error::Pool(format!("cannot start the watchdog thread: {e}")))?;
+                .map_err(Error::Thread)?;
         }
         Ok(Attempt::Acquired(guard))
     }

@@ -234,7 +234,7 @@ impl PubSub {
         std::thread::Builder::new()
             .name("redlease-pubsub".into())
             .spawn(move || inner.run(rx))
-            .map_err(|e| Error::Pool(format!("cannot start the subscriber thread: {e}")))?;
+            .map_err(Error::Thread)?;
         *thread = Some(tx);
         Ok(())
     }

@@ -44,18 +44,12 @@ impl Lua {
     /// `size` is the expected number of bytes they take (to size the buffer
     /// once instead of growing it).
     pub(crate) fn evalsha(&self, num_keys: usize, size: usize, fill: impl Fn(&mut Cmd)) -> Cmd {
-        let mut cmd = Cmd::with_capacity(3 * num_keys + 8, 64 + size);
-        cmd.arg("EVALSHA").arg(self.sha.as_str()).arg(num_keys);
-        fill(&mut cmd);
-        cmd
+        command("EVALSHA", self.sha.as_str(), num_keys, size, fill)
     }
 
     /// The EVAL command carrying the source (loads the script as it runs).
     pub(crate) fn eval(&self, num_keys: usize, size: usize, fill: impl Fn(&mut Cmd)) -> Cmd {
-        let mut cmd = Cmd::with_capacity(3 * num_keys + 8, 64 + self.source.len() + size);
-        cmd.arg("EVAL").arg(self.source).arg(num_keys);
-        fill(&mut cmd);
-        cmd
+        command("EVAL", self.source, num_keys, size, fill)
     }
 
     /// Runs the script in one round trip (two only right after Redis lost its
@@ -72,6 +66,13 @@ impl Lua {
             other => other,
         }
     }
+}
+
+fn command(verb: &str, script: &str, num_keys: usize, size: usize, fill: impl Fn(&mut Cmd)) -> Cmd {
+    let mut cmd = Cmd::with_capacity(3 * num_keys + 8, 64 + script.len() + size);
+    cmd.arg(verb).arg(script).arg(num_keys);
+    fill(&mut cmd);
+    cmd
 }
 
 /// The names one owner's operation on one lock uses.
