@@ -60,7 +60,6 @@ pub(crate) struct Shared {
     /// How long the latch of a release lives: long enough for a retry of the
     /// same request to find it (4 response timeouts, at least 1 s).
     pub(crate) latch_ttl_ms: u64,
-    next_request: AtomicU64,
 }
 
 impl Shared {
@@ -75,7 +74,7 @@ impl Shared {
 
     /// A number unique to this client, for request ids.
     pub(crate) fn next_request(&self) -> u64 {
-        self.next_request.fetch_add(1, Ordering::Relaxed)
+        self.redis.next_request()
     }
 }
 
@@ -183,8 +182,12 @@ pub struct ClientBuilder {
     connection_timeout: Duration,
     response_timeout: Duration,
     watchdog_timeout: Duration,
+    retry_attempts: u32,
     on_lock_lost: Option<LostCallback>,
 }
+
+/// The most `retry_attempts` accepted.
+const MAX_RETRY_ATTEMPTS: u32 = 100;
 
 impl ClientBuilder {
     fn new(url: &str) -> ClientBuilder {
@@ -194,8 +197,24 @@ impl ClientBuilder {
             connection_timeout: Duration::from_secs(2),
             response_timeout: Duration::from_secs(2),
             watchdog_timeout: Duration::from_secs(30),
+            retry_attempts: 3,
             on_lock_lost: None,
         }
+    }
+
+    /// How many times a request is sent again when its connection turned
+    /// out dropped (Redis restarted, the link was cut, a pooled connection
+    /// had gone stale), each time on a new connection and all within one
+    /// response timeout of the first attempt. Every request of redlease is
+    /// safe to repeat: a repeat never applies an acquisition or a release
+    /// twice (hold counts are written absolutely, releases carry a latch).
+    /// Timeouts are not retried (the request may still be running); a
+    /// request that may have run and could not be confirmed is settled in
+    /// the background. 0 turns retries off. Defaults to 3, like Redisson's
+    /// `retryAttempts`.
+    pub fn retry_attempts(mut self, attempts: u32) -> Self {
+        self.retry_attempts = attempts;
+        self
     }
 
     /// The most connections kept to Redis for lock operations (the
@@ -271,6 +290,12 @@ impl ClientBuilder {
                 )));
             }
         }
+        if self.retry_attempts > MAX_RETRY_ATTEMPTS {
+            return Err(Error::invalid(format!(
+                "retry_attempts {} is too many: use at most {MAX_RETRY_ATTEMPTS}",
+                self.retry_attempts
+            )));
+        }
         check_lease("watchdog_timeout", self.watchdog_timeout)?;
         if self.watchdog_timeout <= MIN_RENEW_INTERVAL * 2 {
             return Err(Error::invalid(format!(
@@ -313,7 +338,13 @@ impl ClientBuilder {
             .build(manager)
             .map_err(Error::pool)?;
         let checkout = self.connection_timeout.min(self.response_timeout);
-        let redis = Arc::new(Redis::new(pool, epoch, checkout));
+        let redis = Arc::new(Redis::new(
+            pool,
+            epoch,
+            checkout,
+            self.response_timeout,
+            self.retry_attempts,
+        ));
         let shared = Shared {
             id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
             uuid: uuid::Uuid::new_v4().to_string(),
@@ -325,7 +356,6 @@ impl ClientBuilder {
             latch_ttl_ms: duration_ms(self.response_timeout)
                 .saturating_mul(4)
                 .max(1000),
-            next_request: AtomicU64::new(0),
         };
         Ok(Client {
             shared: Arc::new(shared),
@@ -341,6 +371,7 @@ impl fmt::Debug for ClientBuilder {
             .field("connection_timeout", &self.connection_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("watchdog_timeout", &self.watchdog_timeout)
+            .field("retry_attempts", &self.retry_attempts)
             .field(
                 "on_lock_lost",
                 &self.on_lock_lost.as_ref().map(|_| "Fn(&str)"),

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::ConnectionLike;
 
@@ -106,6 +106,11 @@ pub(crate) struct Redis {
     epoch: Arc<AtomicU64>,
     /// How long one attempt waits for a pooled connection.
     checkout_timeout: Duration,
+    /// The socket timeout connections are made with.
+    response_timeout: Duration,
+    /// Retries after a dropped connection.
+    retry_attempts: u32,
+    next_request: AtomicU64,
     pub(crate) counters: Counters,
 }
 
@@ -115,52 +120,92 @@ impl Redis {
         pool: r2d2::Pool<Manager>,
         epoch: Arc<AtomicU64>,
         checkout_timeout: Duration,
+        response_timeout: Duration,
+        retry_attempts: u32,
     ) -> Redis {
         Redis {
             pool,
             epoch,
             checkout_timeout,
+            response_timeout,
+            retry_attempts,
+            next_request: AtomicU64::new(1),
             counters: Counters::default(),
         }
+    }
+
+    /// A number unique to this client, for request ids (latch and marker
+    /// names, generations).
+    pub(crate) fn next_request(&self) -> u64 {
+        self.next_request.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Runs `op` on a pooled connection, one round trip as far as `op` goes.
     ///
     /// A connection failure marks every pooled connection made before it as
     /// stale. If the connection turned out dropped (Redis restarted, the link
-    /// was cut), `op` is run once more on a new connection: every operation of
-    /// redlease is safe to repeat (see the scripts). Timeouts are not retried,
-    /// and waiting for a pooled connection is bounded by the smaller of the
-    /// connection and response timeouts, so a stalled server (which accepts
-    /// connections but never answers) holds a call for about one response
-    /// timeout.
+    /// was cut), `op` is run again on a new connection, up to
+    /// `retry_attempts` times, all within one response timeout of the first
+    /// attempt (each retry's checkout and socket timeouts are cut to what is
+    /// left): every operation of redlease is safe to repeat (see the
+    /// scripts). Timeouts are not retried, and waiting for a pooled connection
+    /// is bounded by the smaller of the connection and response timeouts, so
+    /// a stalled server (which accepts connections but never answers) holds a
+    /// call for about one response timeout.
     ///
-    /// If the first attempt may have run and the retry fails, the first
+    /// If an attempt may have run and a later one fails, the first such
     /// attempt's error is returned, so that [`Error::maybe_applied`] holds.
     pub(crate) fn run<T>(
         &self,
         mut op: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
     ) -> Result<T> {
         let mut first_failure: Option<redis::RedisError> = None;
+        let mut retries = 0;
+        let started = Instant::now();
+        let deadline = started.checked_add(self.response_timeout);
         loop {
-            let mut conn = match self.pool.get_timeout(self.checkout_timeout) {
+            let left = match (retries, deadline) {
+                (0, _) | (_, None) => self.response_timeout,
+                (_, Some(d)) => d.saturating_duration_since(Instant::now()),
+            };
+            if left.is_zero() {
+                return Err(Error::Redis(first_failure.unwrap_or_else(|| {
+                    (redis::ErrorKind::Io, "retries ran out of time").into()
+                })));
+            }
+            let mut conn = match self.pool.get_timeout(self.checkout_timeout.min(left)) {
                 Ok(conn) => conn,
                 Err(e) => return Err(first_failure.map_or_else(|| Error::pool(e), Error::Redis)),
             };
+            let shortened = left < self.response_timeout;
+            if shortened && set_timeouts(&conn.inner, left).is_err() {
+                self.mark_failure(&mut conn);
+                continue;
+            }
             self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
-            match op(&mut conn.inner) {
+            let result = op(&mut conn.inner);
+            if shortened && set_timeouts(&conn.inner, self.response_timeout).is_err() {
+                self.mark_failure(&mut conn);
+            }
+            match result {
                 Ok(v) => return Ok(v),
                 Err(e) => {
                     if is_connection_failure(&e) {
                         self.mark_failure(&mut conn);
-                        if first_failure.is_none() && e.is_connection_dropped() && !e.is_timeout() {
+                        if retries < self.retry_attempts
+                            && e.is_connection_dropped()
+                            && !e.is_timeout()
+                        {
                             log::debug!("redis connection dropped ({e}); retrying on a new one");
-                            first_failure = Some(e);
+                            retries += 1;
+                            if first_failure.is_none() {
+                                first_failure = Some(e);
+                            }
                             continue;
                         }
                     }
                     return Err(Error::Redis(match first_failure {
-                        Some(first) if !is_connection_failure(&e) => first,
+                        Some(first) if !is_io_failure(&e) => first,
                         _ => e,
                     }));
                 }
@@ -177,6 +222,11 @@ impl Redis {
             self.counters.failures.fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+fn set_timeouts(conn: &redis::Connection, timeout: Duration) -> redis::RedisResult<()> {
+    conn.set_read_timeout(Some(timeout))?;
+    conn.set_write_timeout(Some(timeout))
 }
 
 /// The connection can no longer be trusted (it may even get a late reply).

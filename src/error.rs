@@ -75,6 +75,18 @@ impl Error {
         matches!(self, Error::Redis(e) if is_io_failure(e))
     }
 
+    /// A request that changes a lock did not complete for a passing reason:
+    /// it may have run (no reply), was never sent (no connection), or Redis
+    /// refused it for now (see [`is_retryable_reply`]). Such a request is
+    /// settled in the background until it has run once.
+    pub(crate) fn needs_settle(&self) -> bool {
+        match self {
+            Error::Redis(e) => is_io_failure(e) || is_retryable_reply(e),
+            Error::Pool(_) => true,
+            _ => false,
+        }
+    }
+
     pub(crate) fn invalid(msg: impl Into<String>) -> Error {
         Error::InvalidArgument(msg.into())
     }
@@ -88,6 +100,27 @@ impl Error {
 /// opposed to an error reply from Redis).
 pub(crate) fn is_io_failure(e: &redis::RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_timeout()
+}
+
+/// Redis refused the command without running it, for a reason that passes
+/// (a long script elsewhere, loading, a failover, an ACL being changed, memory
+/// full): the same request may succeed when tried again.
+pub(crate) fn is_retryable_reply(e: &redis::RedisError) -> bool {
+    matches!(
+        e.code(),
+        Some(
+            "BUSY"
+                | "LOADING"
+                | "READONLY"
+                | "MASTERDOWN"
+                | "TRYAGAIN"
+                | "CLUSTERDOWN"
+                | "NOREPLICAS"
+                | "NOPERM"
+                | "NOAUTH"
+                | "OOM"
+        )
+    )
 }
 
 impl fmt::Display for Error {

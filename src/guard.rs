@@ -6,28 +6,70 @@ use std::collections::HashMap;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use crate::client::{Client, Shared};
 use crate::error::{Error, Result};
 use crate::scripts::{self, LockRef};
 
-static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
-
-/// `t` as nanoseconds since a process-wide epoch (saturating), for atomics.
-fn to_nanos(t: Instant) -> u64 {
-    u64::try_from(t.saturating_duration_since(*EPOCH).as_nanos()).unwrap_or(u64::MAX)
+/// `sent + lease_ms`, saturating far in the future.
+pub(crate) fn deadline(sent: Instant, lease_ms: u64) -> Instant {
+    sent.checked_add(Duration::from_millis(lease_ms))
+        .unwrap_or_else(|| far_future(sent))
 }
 
-fn deadline_nanos(sent: Instant, lease_ms: u64) -> u64 {
-    to_nanos(sent).saturating_add(lease_ms.saturating_mul(1_000_000))
+pub(crate) fn far_future(now: Instant) -> Instant {
+    now.checked_add(Duration::from_secs(100 * 365 * 24 * 3600))
+        .unwrap_or(now)
 }
 
-fn from_nanos(n: u64) -> Instant {
-    EPOCH
-        .checked_add(Duration::from_nanos(n))
-        .unwrap_or_else(|| *EPOCH + Duration::from_secs(100 * 365 * 24 * 3600))
+/// What this process knows of a hold's lease on Redis.
+///
+/// Every request that sets the lease (an acquisition, a re-entry, a partial
+/// release, the undo of a lost acquisition) writes a new *generation* (its
+/// request id) next to the owner field, and first lowers `valid_until` to
+/// what it could set: a request that may have run bounds the hold even when
+/// its reply is lost. While such a request is in flight or unsettled
+/// (`busy`), nothing raises the bound; a renewal raises it only if no such
+/// request began between its sending and its reply (`epoch`), and Redis
+/// applies a renewal only if the generation it carries is still the one in
+/// Redis, so a renewal taken for an earlier state of the hold (or for an
+/// earlier hold of the same owner) can neither extend the lease nor the
+/// bound.
+struct LeaseState {
+    /// The lease is known to hold until then.
+    valid_until: Instant,
+    /// Bumped when a lease-setting request begins or is confirmed.
+    epoch: u64,
+    /// Lease-setting requests in flight or whose reply was lost and that are
+    /// not settled yet.
+    busy: u32,
+    /// The generation Redis holds for this hold, as far as known.
+    gen: Option<u64>,
+}
+
+/// What a renewal of a hold carries: the generation it expects, and the
+/// epoch it was taken in (`None` if a lease-setting request was under way:
+/// then its reply cannot raise the bound).
+#[derive(Clone, Copy)]
+pub(crate) struct RenewToken {
+    pub(crate) epoch: Option<u64>,
+    pub(crate) gen: Option<u64>,
+}
+
+/// Where a hold stands in the watchdog's schedule; read and written only
+/// under the watchdog's lock. One hold has at most one entry, always.
+pub(crate) enum Sched {
+    /// Not scheduled.
+    Idle,
+    /// In the schedule under this key.
+    Queued((Instant, u64)),
+    /// Taken for a renewal that is under way; the renewal schedules it again
+    /// if it is still watched, with these terms if `watch` gave new ones.
+    InFlight(Option<(Duration, u64)>),
 }
 
 /// What one owner (this thread of this client) holds of one lock: the
@@ -47,30 +89,43 @@ pub(crate) struct Hold {
     /// The lease of the latest acquisition with an explicit lease: what bounds
     /// the hold again once no watched guard remains.
     explicit_lease_ms: AtomicU64,
-    /// Last confirmed acquisition or renewal (the time it was sent) + lease.
-    valid_until: AtomicU64,
+    lease: Mutex<LeaseState>,
     lost: AtomicBool,
     released: AtomicBool,
-    /// The watchdog's key for this hold while it is scheduled; read and
-    /// written only under the watchdog's schedule lock.
-    schedule_key: parking_lot::Mutex<Option<(Instant, u64)>>,
+    /// A release was sent for this hold after it was found lost.
+    lost_release_sent: AtomicBool,
+    pub(crate) sched: Mutex<Sched>,
 }
 
 impl Hold {
-    pub(crate) fn new(client_id: u64, name: &str, channel: &str, field: String) -> Hold {
+    /// A hold whose first acquisition, request `gen` sent at `sent`, set
+    /// `lease_ms`.
+    pub(crate) fn new(
+        client_id: u64,
+        lock: LockRef<'_>,
+        sent: Instant,
+        lease_ms: u64,
+        gen: u64,
+    ) -> Hold {
         Hold {
             client_id,
-            name: name.to_owned(),
-            channel: channel.to_owned(),
-            field,
+            name: lock.name.to_owned(),
+            channel: lock.channel.to_owned(),
+            field: lock.field.to_owned(),
             count: AtomicU32::new(0),
             watched: AtomicU32::new(0),
             watch_lease_ms: AtomicU64::new(0),
             explicit_lease_ms: AtomicU64::new(0),
-            valid_until: AtomicU64::new(0),
+            lease: Mutex::new(LeaseState {
+                valid_until: deadline(sent, lease_ms),
+                epoch: 0,
+                busy: 0,
+                gen: Some(gen),
+            }),
             lost: AtomicBool::new(false),
             released: AtomicBool::new(false),
-            schedule_key: parking_lot::Mutex::new(None),
+            lost_release_sent: AtomicBool::new(false),
+            sched: Mutex::new(Sched::Idle),
         }
     }
 
@@ -86,11 +141,10 @@ impl Hold {
         self.count.load(Ordering::Acquire)
     }
 
-    /// Records a successful acquisition sent at `sent` with `lease_ms`;
+    /// Records a guard taken with `lease_ms` (its request confirmed);
     /// `true` if it is the first watched guard (the caller starts renewal).
-    pub(crate) fn acquired(&self, sent: Instant, lease_ms: u64, watched: bool) -> bool {
+    pub(crate) fn acquired(&self, lease_ms: u64, watched: bool) -> bool {
         self.count.fetch_add(1, Ordering::AcqRel);
-        self.leased(sent, lease_ms);
         if watched {
             self.watch_lease_ms.store(lease_ms, Ordering::Release);
             self.watched.fetch_add(1, Ordering::AcqRel) == 0
@@ -100,28 +154,123 @@ impl Hold {
         }
     }
 
+    /// The lease the hold's guards need now: the watchdog's while a watched
+    /// guard remains, else that of the latest explicit-lease acquisition.
+    pub(crate) fn needed_lease_ms(&self) -> u64 {
+        if self.watched.load(Ordering::Acquire) > 0 {
+            self.watch_lease_ms.load(Ordering::Acquire)
+        } else {
+            self.explicit_lease_ms.load(Ordering::Acquire)
+        }
+    }
+
+    /// The lease a re-entry with `lease_ms` sets: never shorter than what
+    /// the watched guards need (they are renewed, not bounded).
+    pub(crate) fn reentry_lease_ms(&self, lease_ms: u64, watched: bool) -> u64 {
+        if !watched && self.watched.load(Ordering::Acquire) > 0 {
+            lease_ms.max(self.watch_lease_ms.load(Ordering::Acquire))
+        } else {
+            lease_ms
+        }
+    }
+
     /// Renewed by the watchdog: active with at least one watched guard.
     pub(crate) fn is_watched(&self) -> bool {
         self.is_active() && self.watched.load(Ordering::Acquire) > 0
     }
 
-    /// Records a renewal sent at `sent`: it extended the lease to at least
-    /// `lease_ms` from then.
-    pub(crate) fn confirm(&self, sent: Instant, lease_ms: u64) {
-        self.valid_until
-            .fetch_max(deadline_nanos(sent, lease_ms), Ordering::AcqRel);
+    /// A request that sets the lease to `lease_ms` is about to be sent at
+    /// `sent`: whether or not a reply comes, the lease may end then. Returns
+    /// the request's ticket.
+    pub(crate) fn begin(&self, sent: Instant, lease_ms: u64) -> u64 {
+        let mut st = self.lease.lock();
+        st.epoch += 1;
+        st.busy += 1;
+        st.valid_until = st.valid_until.min(deadline(sent, lease_ms));
+        st.epoch
     }
 
-    /// Records an operation sent at `sent` that set the lease to `lease_ms`
-    /// (an acquisition or a partial release: PEXPIRE may shorten it, so the
-    /// old bound no longer holds).
-    fn leased(&self, sent: Instant, lease_ms: u64) {
-        self.valid_until
-            .store(deadline_nanos(sent, lease_ms), Ordering::Release);
+    /// The owner's request begun at `sent` ran and set `lease_ms` with
+    /// generation `gen`. The owner's requests come one at a time and make
+    /// every earlier one of theirs (and any undo of it) a no-op, so what this
+    /// one set is what Redis has.
+    pub(crate) fn confirmed(&self, sent: Instant, lease_ms: u64, gen: u64) {
+        let mut st = self.lease.lock();
+        st.epoch += 1;
+        st.busy = st.busy.saturating_sub(1);
+        st.valid_until = deadline(sent, lease_ms);
+        st.gen = Some(gen);
+    }
+
+    /// A request begun with [`begin`](Hold::begin) did not run, or ran
+    /// without writing: the bound stays as it is.
+    pub(crate) fn aborted(&self) {
+        let mut st = self.lease.lock();
+        st.busy = st.busy.saturating_sub(1);
+    }
+
+    /// The current epoch, for [`settled`](Hold::settled).
+    pub(crate) fn epoch(&self) -> u64 {
+        self.lease.lock().epoch
+    }
+
+    /// An undo sent at `sent` in epoch `epoch` re-applied `lease_ms` with
+    /// generation `gen`; it counts only if no request of the owner began
+    /// since (the owner's requests make an undo that runs after them a
+    /// no-op, and override one that ran before).
+    pub(crate) fn settled(&self, epoch: u64, sent: Instant, lease_ms: u64, gen: u64) {
+        let mut st = self.lease.lock();
+        if st.epoch == epoch {
+            st.epoch += 1;
+            st.valid_until = deadline(sent, lease_ms);
+            st.gen = Some(gen);
+        }
+    }
+
+    /// A request of this hold whose reply was lost is settled now.
+    pub(crate) fn unbusy(&self) {
+        self.aborted();
+    }
+
+    /// What a renewal sent now carries.
+    pub(crate) fn renew_token(&self) -> RenewToken {
+        let st = self.lease.lock();
+        RenewToken {
+            epoch: (st.busy == 0).then_some(st.epoch),
+            gen: st.gen,
+        }
+    }
+
+    /// A renewal taken with `token` and sent at `sent` extended the lease by
+    /// `lease_ms`: raises the bound unless a lease-setting request began
+    /// since. `true` if it did.
+    pub(crate) fn renewed(&self, token: RenewToken, sent: Instant, lease_ms: u64) -> bool {
+        let mut st = self.lease.lock();
+        if st.busy == 0 && token.epoch == Some(st.epoch) {
+            st.valid_until = st.valid_until.max(deadline(sent, lease_ms));
+            true
+        } else {
+            false
+        }
+    }
+
+    /// A renewal taken with `token` found generation `gen` in Redis: if no
+    /// lease-setting request of this hold was under way or began since, every
+    /// one of them has run or been made a no-op, so `gen` is this hold's
+    /// (written by an undo whose outcome was not known here) and is taken.
+    /// `true` if it was.
+    pub(crate) fn adopt(&self, token: RenewToken, gen: Option<u64>) -> bool {
+        let mut st = self.lease.lock();
+        if st.busy == 0 && token.epoch == Some(st.epoch) {
+            st.gen = gen;
+            true
+        } else {
+            false
+        }
     }
 
     pub(crate) fn valid_until(&self) -> Instant {
-        from_nanos(self.valid_until.load(Ordering::Acquire))
+        self.lease.lock().valid_until
     }
 
     /// Marks the hold lost; `true` only for the call that changed it, and
@@ -137,14 +286,6 @@ impl Hold {
     /// Still held as far as this process knows: not released, not lost.
     pub(crate) fn is_active(&self) -> bool {
         !self.released.load(Ordering::Acquire) && !self.is_lost()
-    }
-
-    pub(crate) fn set_schedule_key(&self, key: Option<(Instant, u64)>) {
-        *self.schedule_key.lock() = key;
-    }
-
-    pub(crate) fn take_schedule_key(&self) -> Option<(Instant, u64)> {
-        self.schedule_key.lock().take()
     }
 }
 
@@ -163,12 +304,18 @@ pub(crate) struct Unsettled {
     /// Set with a TTL of [`scripts::LATE_REQUEST_WINDOW_MS`].
     pub(crate) key: String,
     pub(crate) kind: Lost,
+    /// The hold whose lease the request may have set (a re-entry or a
+    /// partial release): it stays busy until the request is settled.
+    pub(crate) hold: Option<Weak<Hold>>,
+    /// When the request was sent.
+    pub(crate) sent: Instant,
     done: AtomicBool,
 }
 
 /// What an [`Unsettled`] request was.
 pub(crate) enum Lost {
-    /// An acquisition, sent while the owner had `held` holds: undo it.
+    /// An acquisition, sent while the owner had `held` holds: undo it, and
+    /// re-apply `lease_ms` (what the remaining holds need) if any remain.
     Acquire { held: u32, lease_ms: u64 },
     /// A release leaving `left` holds: complete it (same latch, so it runs
     /// at most once).
@@ -176,13 +323,21 @@ pub(crate) enum Lost {
 }
 
 impl Unsettled {
-    pub(crate) fn new(lock: LockRef<'_>, key: String, kind: Lost) -> Unsettled {
+    pub(crate) fn new(
+        lock: LockRef<'_>,
+        key: String,
+        kind: Lost,
+        hold: Option<&Arc<Hold>>,
+        sent: Instant,
+    ) -> Unsettled {
         Unsettled {
             name: lock.name.to_owned(),
             channel: lock.channel.to_owned(),
             field: lock.field.to_owned(),
             key,
             kind,
+            hold: hold.map(Arc::downgrade),
+            sent,
             done: AtomicBool::new(false),
         }
     }
@@ -191,8 +346,22 @@ impl Unsettled {
         self.done.load(Ordering::Acquire)
     }
 
+    /// The request has run once, or can no longer run: its hold is no
+    /// longer busy with it.
     pub(crate) fn set_done(&self) {
-        self.done.store(true, Ordering::Release);
+        if !self.done.swap(true, Ordering::AcqRel) {
+            if let Some(hold) = self.hold.as_ref().and_then(Weak::upgrade) {
+                hold.unbusy();
+            }
+        }
+    }
+
+    /// The hold the request belongs to, while it is still held.
+    pub(crate) fn active_hold(&self) -> Option<Arc<Hold>> {
+        self.hold
+            .as_ref()
+            .and_then(Weak::upgrade)
+            .filter(|h| h.is_active())
     }
 
     pub(crate) fn lock_ref(&self) -> LockRef<'_> {
@@ -299,6 +468,16 @@ fn remove_hold(hold: &Arc<Hold>) {
         }
     });
     prune(hold.client_id, &hold.name);
+}
+
+/// `false` if this thread holds a newer hold of the same lock than `hold`
+/// (taken after `hold` was lost): that one owns the owner field now.
+fn is_latest(hold: &Arc<Hold>) -> bool {
+    with_slot(hold.client_id, &hold.name, |slot| {
+        slot.and_then(|s| s.hold.as_ref())
+            .is_none_or(|x| Arc::ptr_eq(x, hold))
+    })
+    .unwrap_or(true)
 }
 
 fn add_pending(client_id: u64, cancel: &Arc<Unsettled>) {
@@ -409,36 +588,90 @@ impl LockGuard {
     }
 
     fn release(&mut self) -> Result<()> {
-        let hold = &self.hold;
+        let hold = Arc::clone(&self.hold);
         let lost = || Error::LockLost {
             name: hold.name.clone(),
         };
+        // Past its bound the hold may have been lost unnoticed: release what
+        // may still be held, but do not report success.
+        let expired = Instant::now() >= hold.valid_until();
+        let left = hold.count.fetch_sub(1, Ordering::AcqRel).saturating_sub(1);
+        if self.watched && hold.watched.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // The last watched guard: the watchdog stops, and what is left
+            // (explicit-lease guards) is bounded by its own lease again.
+            self.client.shared.watchdog.unwatch(&hold);
+        }
         if hold.is_lost() {
-            remove_hold(hold);
+            if left == 0 {
+                remove_hold(&hold);
+            }
+            // The hold was declared lost, but Redis may still hold it (the
+            // renewals ran though their replies were lost): the first guard
+            // to go releases whatever this owner may still hold, unless the
+            // thread has taken the lock again since (that hold owns it now).
+            if !hold.lost_release_sent.swap(true, Ordering::AcqRel) && is_latest(&hold) {
+                match self.send_release(&hold, 0, 0) {
+                    Ok(Some(_)) => log::info!(
+                        "redlease: lock {:?} was found lost but was still held in redis; \
+                         released it",
+                        hold.name
+                    ),
+                    Ok(None) => {}
+                    Err(e) => log::debug!(
+                        "redlease: releasing lost lock {:?} failed ({e}); it is completed in \
+                         the background",
+                        hold.name
+                    ),
+                }
+            }
             return Err(lost());
         }
-        let left = hold.count.fetch_sub(1, Ordering::AcqRel).saturating_sub(1);
         if left == 0 {
             // Before the script goes out: the watchdog never renews it again,
             // and a late renewal result cannot mark it lost.
             hold.released.store(true, Ordering::Release);
-            remove_hold(hold);
+            remove_hold(&hold);
+            return match self.send_release(&hold, 0, 0)? {
+                Some(_) if !expired => Ok(()),
+                Some(_) => Err(lost()),
+                None => Err(lost()),
+            };
         }
-        if self.watched && hold.watched.fetch_sub(1, Ordering::AcqRel) == 1 {
-            // The last watched guard: the watchdog stops, and what is left
-            // (explicit-lease guards) is bounded by its own lease again.
-            self.client.shared.watchdog.unwatch(hold);
+        let lease_ms = hold.needed_lease_ms();
+        match self.send_release(&hold, left, lease_ms)? {
+            Some(_) if !expired => Ok(()),
+            Some(_) => Err(lost()),
+            None => {
+                // Gone on the server: the other guards of this owner are lost too.
+                if hold.mark_lost() {
+                    self.client
+                        .shared
+                        .watchdog
+                        .report_lost(&hold, "its key or owner field is gone from redis");
+                }
+                remove_hold(&hold);
+                Err(lost())
+            }
         }
-        let lease_ms = if hold.watched.load(Ordering::Acquire) > 0 {
-            hold.watch_lease_ms.load(Ordering::Acquire)
-        } else {
-            hold.explicit_lease_ms.load(Ordering::Acquire)
-        };
+    }
+
+    /// Sends one release leaving `left` holds (re-applying `lease_ms` if any
+    /// remain) and records its outcome on `hold`. A release that did not
+    /// complete for a passing reason (no reply, no connection, a refusal such
+    /// as BUSY) is completed in the background as soon as Redis takes it.
+    fn send_release(&self, hold: &Arc<Hold>, left: u32, lease_ms: u64) -> Result<Option<i64>> {
         let shared = &self.client.shared;
-        let sent = Instant::now();
-        let latch = scripts::unlock_latch_name(&hold.name, &hold.field, shared.next_request());
+        let n = shared.next_request();
+        let latch = scripts::unlock_latch_name(&hold.name, &hold.field, n);
         let latch_ms = shared.latch_ttl_ms;
         let (_, pending) = owner_state(hold.client_id, &hold.name);
+        let sent = Instant::now();
+        // A partial release sets the lease: until it is known to have run
+        // (or not), the hold is bounded by what it may have set.
+        let partial = left > 0;
+        if partial {
+            hold.begin(sent, lease_ms);
+        }
         let reply = shared.redis.run(|conn| {
             scripts::release(
                 conn,
@@ -448,34 +681,35 @@ impl LockGuard {
                 left,
                 lease_ms,
                 latch_ms,
+                n,
             )
         });
-        let reply = match reply {
-            Ok(reply) => reply,
+        match reply {
+            Ok(reply) => {
+                settle(hold.client_id, &pending);
+                if partial {
+                    match reply {
+                        Some(_) => hold.confirmed(sent, lease_ms, n),
+                        None => hold.aborted(),
+                    }
+                }
+                Ok(reply)
+            }
             Err(e) => {
-                if e.is_connection_error() {
-                    // Not sent, or it may have run, or may run later:
-                    // complete it in the background as soon as Redis answers
+                if e.needs_settle() {
+                    // Not sent, or it may have run, or may run later, or
+                    // Redis refused it for now: complete it in the background
                     // (the latch makes it run once).
                     let kind = Lost::Release { left, lease_ms };
-                    settle_later(shared, Unsettled::new(hold.lock_ref(), latch, kind));
+                    let owner = partial.then_some(hold);
+                    settle_later(
+                        shared,
+                        Unsettled::new(hold.lock_ref(), latch, kind, owner, sent),
+                    );
+                } else if partial {
+                    hold.aborted();
                 }
-                return Err(e);
-            }
-        };
-        settle(hold.client_id, &pending);
-        match reply {
-            Some(_) => {
-                if left > 0 {
-                    hold.leased(sent, lease_ms);
-                }
-                Ok(())
-            }
-            None => {
-                // Gone on the server: the other guards of this owner are lost too.
-                hold.mark_lost();
-                remove_hold(hold);
-                Err(lost())
+                Err(e)
             }
         }
     }

@@ -253,9 +253,14 @@ impl Lock {
     /// Empty name, or a Redis or pool error.
     pub fn force_unlock(&self) -> Result<bool> {
         self.check_name()?;
-        let deleted = self
-            .redis()
-            .run(|conn| scripts::force_unlock(conn, &self.name, &self.channel))?;
+        let shared = &self.client.shared;
+        // A latch per request: a retry after a lost reply returns what the
+        // first run did, not "nothing to delete".
+        let latch =
+            scripts::force_unlock_latch_name(&self.name, self.client.id(), shared.next_request());
+        let deleted = self.redis().run(|conn| {
+            scripts::force_unlock(conn, &self.name, &self.channel, &latch, shared.latch_ttl_ms)
+        })?;
         Ok(deleted == 1)
     }
 
@@ -359,22 +364,26 @@ impl Lock {
             .as_ref()
             .map_or_else(|| shared.owner_field(), |h| h.field.clone());
         let held = existing.as_ref().map_or(0, |h| h.count());
-        let marker = scripts::acquire_cancel_name(&self.name, &field, shared.next_request());
-        let sent = Instant::now();
+        let watched = terms.renew.is_some();
+        // A re-entry never shortens the lease that watched guards need; the
+        // undo of a lost re-entry re-applies what the hold needs now.
+        let lease_ms = existing.as_ref().map_or(terms.lease_ms, |h| {
+            h.reentry_lease_ms(terms.lease_ms, watched)
+        });
+        let restore_ms = existing.as_ref().map_or(0, |h| h.needed_lease_ms());
+        let n = shared.next_request();
+        let marker = scripts::acquire_cancel_name(&self.name, &field, n);
         let lock = LockRef {
             name: &self.name,
             channel: &self.channel,
             field: &field,
         };
+        let sent = Instant::now();
+        if let Some(h) = &existing {
+            h.begin(sent, lease_ms);
+        }
         let reply = shared.redis.run(|conn| {
-            scripts::acquire(
-                conn,
-                lock,
-                &marker,
-                &keys(&pending),
-                terms.lease_ms,
-                held + 1,
-            )
+            scripts::acquire(conn, lock, &marker, &keys(&pending), lease_ms, held + 1, n)
         });
         let reply = match reply {
             Ok(reply) => reply,
@@ -383,17 +392,26 @@ impl Lock {
                     // The request may have run, or run later: undo it in the
                     // background (this call stays within its response
                     // timeout); until then this owner's next operations on
-                    // the lock mark it done first.
+                    // the lock mark it done first, and the hold stays bounded
+                    // by the lease the request may have set.
                     let kind = Lost::Acquire {
                         held,
-                        lease_ms: terms.lease_ms,
+                        lease_ms: restore_ms,
                     };
-                    settle_later(shared, Unsettled::new(lock, marker, kind));
+                    let request = Unsettled::new(lock, marker, kind, existing.as_ref(), sent);
+                    settle_later(shared, request);
+                } else if let Some(h) = &existing {
+                    h.aborted();
                 }
                 return Err(e);
             }
         };
         settle(shared.id, &pending);
+        if reply.is_some() {
+            if let Some(h) = &existing {
+                h.aborted();
+            }
+        }
         match reply {
             None => {}
             Some(-4) => {
@@ -416,17 +434,19 @@ impl Lock {
             }
             Some(_) => return Ok(Attempt::Busy(None)),
         }
-        let hold = existing.unwrap_or_else(|| {
-            let hold = Arc::new(Hold::new(shared.id, &self.name, &self.channel, field));
-            insert_hold(&hold);
-            hold
-        });
-        let first_watched = hold.acquired(sent, terms.lease_ms, terms.renew.is_some());
-        let guard = LockGuard::new(
-            self.client.clone(),
-            Arc::clone(&hold),
-            terms.renew.is_some(),
-        );
+        let hold = match existing {
+            Some(hold) => {
+                hold.confirmed(sent, lease_ms, n);
+                hold
+            }
+            None => {
+                let hold = Arc::new(Hold::new(shared.id, lock, sent, lease_ms, n));
+                insert_hold(&hold);
+                hold
+            }
+        };
+        let first_watched = hold.acquired(terms.lease_ms, watched);
+        let guard = LockGuard::new(self.client.clone(), Arc::clone(&hold), watched);
         if let (true, Some(interval)) = (first_watched, terms.renew) {
             // The guard releases the lock if the watchdog cannot start.
             shared

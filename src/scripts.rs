@@ -88,7 +88,9 @@ pub(crate) struct LockRef<'a> {
 
 /// acquire.lua: `None` when acquired, else the script's code or the
 /// holder's PTTL. `unsettled` are keys of the owner's requests whose reply
-/// was lost, set first (see `guard::Unsettled`).
+/// was lost, set first (see `guard::Unsettled`); `gen` is the request's id,
+/// the hold's new generation.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn acquire(
     conn: &mut redis::Connection,
     lock: LockRef<'_>,
@@ -96,13 +98,14 @@ pub(crate) fn acquire(
     unsettled: &[&str],
     lease_ms: u64,
     count: u32,
+    gen: u64,
 ) -> RedisResult<Option<i64>> {
     ACQUIRE.run(conn, 2 + unsettled.len(), |cmd| {
         cmd.arg(lock.name).arg(marker);
         for key in unsettled {
             cmd.arg(*key);
         }
-        cmd.arg(lease_ms).arg(lock.field).arg(count);
+        cmd.arg(lease_ms).arg(lock.field).arg(count).arg(gen);
         if !unsettled.is_empty() {
             cmd.arg(LATE_REQUEST_WINDOW_MS);
         }
@@ -121,13 +124,18 @@ pub(crate) fn release(
     left: u32,
     lease_ms: u64,
     latch_ms: u64,
+    gen: u64,
 ) -> RedisResult<Option<i64>> {
     RELEASE.run(conn, 3 + unsettled.len(), |cmd| {
         cmd.arg(lock.name).arg(lock.channel).arg(latch);
         for key in unsettled {
             cmd.arg(*key);
         }
-        cmd.arg(lock.field).arg(left).arg(lease_ms).arg(latch_ms);
+        cmd.arg(lock.field)
+            .arg(left)
+            .arg(lease_ms)
+            .arg(latch_ms)
+            .arg(gen);
         if !unsettled.is_empty() {
             cmd.arg(LATE_REQUEST_WINDOW_MS);
         }
@@ -141,6 +149,7 @@ pub(crate) fn cancel_acquire(
     marker: &str,
     held: u32,
     lease_ms: u64,
+    gen: u64,
 ) -> RedisResult<i64> {
     CANCEL_ACQUIRE.run(conn, 3, |cmd| {
         cmd.arg(lock.name)
@@ -149,18 +158,22 @@ pub(crate) fn cancel_acquire(
             .arg(lock.field)
             .arg(held)
             .arg(lease_ms)
-            .arg(LATE_REQUEST_WINDOW_MS);
+            .arg(LATE_REQUEST_WINDOW_MS)
+            .arg(gen);
     })
 }
 
-/// force_unlock.lua: 1 if a lock was deleted.
+/// force_unlock.lua: 1 if a lock was deleted (the first run's answer, also
+/// when a retry of the same request finds the latch).
 pub(crate) fn force_unlock(
     conn: &mut redis::Connection,
     name: &str,
     channel: &str,
+    latch: &str,
+    latch_ms: u64,
 ) -> RedisResult<i64> {
-    FORCE_UNLOCK.run(conn, 2, |cmd| {
-        cmd.arg(name).arg(channel);
+    FORCE_UNLOCK.run(conn, 3, |cmd| {
+        cmd.arg(name).arg(channel).arg(latch).arg(latch_ms);
     })
 }
 
@@ -204,6 +217,11 @@ pub(crate) fn channel_name(name: &str) -> String {
 /// `<owner field>:<n>` as the request id).
 pub(crate) fn unlock_latch_name(name: &str, field: &str, n: u64) -> String {
     request_key("redisson_unlock_latch", name, field, n)
+}
+
+/// The latch of one `force_unlock` request of a client (redlease's own).
+pub(crate) fn force_unlock_latch_name(name: &str, client: &str, n: u64) -> String {
+    request_key("redlease_force_unlock_latch", name, client, n)
 }
 
 /// The cancel marker of one acquire request (redlease's own).

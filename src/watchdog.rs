@@ -9,15 +9,24 @@
 //! and renews them all in one round trip: a pipeline of multi-key renewal
 //! scripts of at most [`CHUNK`] locks each.
 //!
-//! A lock the renewal script reports gone (key or owner field missing) is
-//! lost at once. A renewal that fails on the connection is retried every
-//! [`RETRY_DELAY`] (or its interval, if shorter) until the last confirmed
-//! renewal plus the lease has passed; then the hold is lost. Nothing is
-//! locked across the round trip.
+//! A hold has at most one entry: while its renewal is under way it is marked
+//! in flight, and a guard watched meanwhile only updates that mark.
 //!
-//! The same thread settles requests whose reply was lost ([`Unsettled`]).
-//! When the client goes away, requests still unsettled are left to their
-//! lease.
+//! Each renewal carries the generation the owner last wrote (see
+//! `guard::LeaseState`): Redis extends the lease only if its owner field still
+//! carries it, so a renewal taken for an earlier state of a hold, or for an
+//! earlier hold of the same owner, cannot extend a lease set since. A lock
+//! the renewal script reports gone (key or owner field missing) is lost at
+//! once; one whose generation changed is renewed again with the generation
+//! found, once the hold's own requests are all settled. A renewal that fails
+//! on the connection is retried every [`RETRY_DELAY`] (or its interval, if
+//! shorter) until the hold's bound has passed; then the hold is lost.
+//! Nothing is locked across the round trip.
+//!
+//! The same thread settles requests whose reply was lost, or that Redis
+//! refused for a passing reason ([`Unsettled`]), retrying with a jittered
+//! backoff from [`MIN_SETTLE_DELAY`] to [`MAX_SETTLE_DELAY`]. When the client
+//! goes away, requests still unsettled are left to their lease.
 
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -28,13 +37,15 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use crate::connection::Redis;
-use crate::guard::{Hold, Lost, Unsettled};
+use crate::guard::{far_future, Hold, Lost, RenewToken, Sched, Unsettled};
 use crate::scripts;
 
 /// Locks per renewal script call; a pipeline carries as many calls as needed.
 pub(crate) const CHUNK: usize = 1000;
 /// Upper bound on the wait between retries of a failed renewal.
 pub(crate) const RETRY_DELAY: Duration = Duration::from_millis(250);
+/// The first wait before trying again to settle a request.
+pub(crate) const MIN_SETTLE_DELAY: Duration = Duration::from_millis(50);
 /// The longest wait between tries to settle a request whose reply was lost.
 pub(crate) const MAX_SETTLE_DELAY: Duration = Duration::from_secs(2);
 
@@ -87,6 +98,17 @@ struct Renewal {
     hold: Arc<Hold>,
     interval: Duration,
     lease_ms: u64,
+    token: RenewToken,
+}
+
+/// What the renewal script says of one lock.
+#[derive(Debug, PartialEq, Eq)]
+enum Outcome {
+    Renewed,
+    /// The key or the owner field is gone.
+    Gone,
+    /// The owner field carries another generation (`None`: none).
+    Stale(Option<u64>),
 }
 
 impl Watchdog {
@@ -131,8 +153,23 @@ impl Watchdog {
     ) -> std::io::Result<()> {
         self.schedule(|st| {
             let due = Instant::now() + interval;
-            st.insert(due, hold, interval, lease_ms);
-            st.sleeping_until.is_some_and(|t| due < t)
+            let mut sched = hold.sched.lock();
+            match &mut *sched {
+                Sched::InFlight(terms) => {
+                    // The renewal under way schedules it again, with these terms.
+                    *terms = Some((interval, lease_ms));
+                    false
+                }
+                Sched::Queued(key) => {
+                    let due = st.schedule.remove(key).map_or(due, |_| due.min(key.0));
+                    *sched = Sched::Queued(st.insert(due, hold, interval, lease_ms));
+                    st.sleeping_until.is_some_and(|t| due < t)
+                }
+                Sched::Idle => {
+                    *sched = Sched::Queued(st.insert(due, hold, interval, lease_ms));
+                    st.sleeping_until.is_some_and(|t| due < t)
+                }
+            }
         })
     }
 
@@ -141,8 +178,10 @@ impl Watchdog {
     /// again (see `Hold::is_watched`).
     pub(crate) fn unwatch(&self, hold: &Hold) {
         let mut st = self.inner.state.lock();
-        if let Some(key) = hold.take_schedule_key() {
-            st.schedule.remove(&key);
+        let mut sched = hold.sched.lock();
+        if let Sched::Queued(key) = &*sched {
+            st.schedule.remove(key);
+            *sched = Sched::Idle;
         }
     }
 
@@ -200,10 +239,10 @@ impl Drop for Watchdog {
 }
 
 impl State {
-    fn insert(&mut self, at: Instant, hold: &Arc<Hold>, interval: Duration, lease_ms: u64) {
+    /// Adds an entry; the caller records the key in the hold's `sched`.
+    fn insert(&mut self, at: Instant, hold: &Arc<Hold>, interval: Duration, lease_ms: u64) -> Key {
         self.seq += 1;
         let key = (at, self.seq);
-        hold.set_schedule_key(Some(key));
         self.schedule.insert(
             key,
             Entry {
@@ -212,6 +251,7 @@ impl State {
                 hold: Arc::downgrade(hold),
             },
         );
+        key
     }
 }
 
@@ -245,7 +285,7 @@ impl Inner {
             };
             match next {
                 None => {
-                    st.sleeping_until = Some(far_future());
+                    st.sleeping_until = Some(far_future(Instant::now()));
                     self.wake.wait(&mut st);
                 }
                 Some(at) if at > Instant::now() => {
@@ -272,27 +312,36 @@ impl Inner {
                 break;
             }
             let e = entry.remove();
-            if let Some(hold) = e.hold.upgrade().filter(|h| h.is_watched()) {
-                hold.set_schedule_key(None);
-                batch.push(Renewal {
-                    hold,
-                    interval: e.interval,
-                    lease_ms: e.lease_ms,
-                });
+            if let Some(hold) = e.hold.upgrade() {
+                let mut sched = hold.sched.lock();
+                if hold.is_watched() {
+                    *sched = Sched::InFlight(None);
+                    drop(sched);
+                    let token = hold.renew_token();
+                    batch.push(Renewal {
+                        hold,
+                        interval: e.interval,
+                        lease_ms: e.lease_ms,
+                        token,
+                    });
+                } else {
+                    *sched = Sched::Idle;
+                }
             }
         }
         Some((batch, unsettled))
     }
 
     /// Settles each request not settled meanwhile by its owner: undoes a
-    /// lost acquisition, completes a lost release. A copy of the request may
-    /// still be on its way, so this is retried (backing off to
+    /// lost acquisition, completes a lost or refused release. A copy of the
+    /// request may still be on its way, so this is retried (backing off to
     /// [`MAX_SETTLE_DELAY`]) until it has run once; from then on the request's
     /// key makes a late copy a no-op.
     ///
-    /// After a connection failure the rest of the pass is deferred untried:
-    /// one stalled server must not hold the thread (and the renewals behind
-    /// it) for a response timeout per request.
+    /// After a failure that other requests would meet too (no connection, a
+    /// busy or refusing server) the rest of the pass is deferred untried: one
+    /// stalled server must not hold the thread (and the renewals behind it)
+    /// for a response timeout per request.
     fn settle(&self, requests: Vec<(u32, Arc<Unsettled>)>) {
         let mut again = Vec::new();
         let mut failed = false;
@@ -300,16 +349,32 @@ impl Inner {
             if u.is_done() {
                 continue;
             }
-            let backoff = RETRY_DELAY
-                .saturating_mul(1 << tries.min(6))
-                .min(MAX_SETTLE_DELAY);
+            let window = Duration::from_millis(scripts::LATE_REQUEST_WINDOW_MS);
+            if u.sent.elapsed() >= window {
+                // No copy of it can arrive any more, and its lease is long gone.
+                log::warn!(
+                    "redlease: gave up settling a request on {:?} after {window:?}",
+                    u.name
+                );
+                u.set_done();
+                continue;
+            }
+            let backoff = jitter(
+                MIN_SETTLE_DELAY
+                    .saturating_mul(1 << tries.min(8))
+                    .min(MAX_SETTLE_DELAY),
+            );
             if failed {
                 again.push((Instant::now() + backoff, tries, u));
                 continue;
             }
+            let hold = u.active_hold();
+            let epoch = hold.as_ref().map(|h| h.epoch());
+            let n = self.redis.next_request();
+            let sent = Instant::now();
             let result = self.redis.run(|conn| match u.kind {
                 Lost::Acquire { held, lease_ms } => {
-                    scripts::cancel_acquire(conn, u.lock_ref(), &u.key, held, lease_ms)
+                    scripts::cancel_acquire(conn, u.lock_ref(), &u.key, held, lease_ms, n)
                 }
                 // A release runs with the window as its latch TTL: a copy of
                 // it may still arrive.
@@ -321,11 +386,19 @@ impl Inner {
                     left,
                     lease_ms,
                     scripts::LATE_REQUEST_WINDOW_MS,
+                    n,
                 )
                 .map(|r| r.unwrap_or(0)),
             });
             match result {
                 Ok(applied) => {
+                    if let (Lost::Acquire { held, lease_ms }, Some(h), Some(epoch), 1) =
+                        (&u.kind, &hold, epoch, applied)
+                    {
+                        if *held > 0 {
+                            h.settled(epoch, sent, *lease_ms, n);
+                        }
+                    }
                     u.set_done();
                     let what = match u.kind {
                         Lost::Acquire { .. } => "undid an acquisition",
@@ -335,15 +408,25 @@ impl Inner {
                         log::info!("redlease: {what} of {:?} whose reply was lost", u.name);
                     }
                 }
+                Err(e) if !e.needs_settle() => {
+                    // Redis ran it and answered with an error that will not
+                    // pass (e.g. the key is no longer a lock): nothing of
+                    // ours is left to settle.
+                    log::warn!(
+                        "redlease: settling a request on {:?} failed for good ({e}); giving up",
+                        u.name
+                    );
+                    u.set_done();
+                }
                 Err(e) => {
                     if tries == 0 {
                         log::warn!(
-                            "redlease: settling a request on {:?} whose reply was lost failed \
-                             ({e}); retrying until redis answers",
+                            "redlease: settling a request on {:?} failed ({e}); retrying until \
+                             redis takes it",
                             u.name
                         );
                     }
-                    failed = e.is_connection_error();
+                    failed = true;
                     again.push((Instant::now() + backoff, tries.saturating_add(1), u));
                 }
             }
@@ -358,9 +441,12 @@ impl Inner {
         self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
         let result = self.redis.run(|conn| renew_batch(conn, &batch));
         let mut again = Vec::with_capacity(batch.len());
+        let mut idle = Vec::new();
+        let now = Instant::now();
+        let retry = |r: &Renewal| now + RETRY_DELAY.min(r.interval);
         match result {
-            Ok(flags) => {
-                let renewed = flags.iter().filter(|f| **f).count();
+            Ok(outcomes) => {
+                let renewed = outcomes.iter().filter(|o| **o == Outcome::Renewed).count();
                 log::debug!(
                     "redlease-watchdog: renewed {renewed} of {} leases",
                     batch.len()
@@ -368,17 +454,27 @@ impl Inner {
                 self.counters
                     .renewals
                     .fetch_add(renewed as u64, Ordering::Relaxed);
-                for (r, renewed) in batch.into_iter().zip(flags) {
-                    if renewed {
-                        r.hold.confirm(sent, r.lease_ms);
-                        again.push((sent + r.interval, r));
-                    } else {
-                        self.lose(&r.hold, "its key or owner field is gone from redis");
+                for (r, outcome) in batch.into_iter().zip(outcomes) {
+                    match outcome {
+                        // The bound is raised only by a renewal that no
+                        // lease-setting request of the hold overlapped; else
+                        // the next renewal comes soon.
+                        Outcome::Renewed if r.hold.renewed(r.token, sent, r.lease_ms) => {
+                            again.push((sent + r.interval, r));
+                        }
+                        Outcome::Renewed => again.push((retry(&r), r)),
+                        Outcome::Stale(gen) if r.hold.adopt(r.token, gen) => {
+                            again.push((now, r));
+                        }
+                        Outcome::Stale(_) => again.push((retry(&r), r)),
+                        Outcome::Gone => {
+                            self.lose(&r.hold, "its key or owner field is gone from redis");
+                            idle.push(r);
+                        }
                     }
                 }
             }
             Err(e) => {
-                let now = Instant::now();
                 log::warn!(
                     "redlease-watchdog: renewing {} leases failed: {e}; retrying",
                     batch.len()
@@ -386,23 +482,30 @@ impl Inner {
                 for r in batch {
                     if now >= r.hold.valid_until() {
                         self.lose(&r.hold, "it could not be renewed before its lease ran out");
+                        idle.push(r);
                     } else {
-                        let retry = RETRY_DELAY.min(r.interval);
-                        again.push((now + retry, r));
+                        again.push((retry(&r), r));
                     }
                 }
             }
         }
-        if again.is_empty() {
-            return;
-        }
         let mut st = self.state.lock();
+        for r in idle {
+            *r.hold.sched.lock() = Sched::Idle;
+        }
         for (at, r) in again {
             // Checked under the lock that `unwatch` takes: a hold released
             // during the round trip is not scheduled again.
-            if r.hold.is_watched() {
-                st.insert(at, &r.hold, r.interval, r.lease_ms);
-            }
+            let mut sched = r.hold.sched.lock();
+            let (interval, lease_ms) = match &*sched {
+                Sched::InFlight(Some(terms)) => *terms,
+                _ => (r.interval, r.lease_ms),
+            };
+            *sched = if r.hold.is_watched() {
+                Sched::Queued(st.insert(at, &r.hold, interval, lease_ms))
+            } else {
+                Sched::Idle
+            };
         }
     }
 
@@ -424,29 +527,41 @@ impl Inner {
     }
 }
 
-fn far_future() -> Instant {
-    let now = Instant::now();
-    now.checked_add(Duration::from_secs(100 * 365 * 24 * 3600))
-        .unwrap_or(now)
+/// `d` scaled by a random factor in [0.75, 1.25), so that many clients
+/// retrying after one failure do not stay in step.
+pub(crate) fn jitter(d: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Instant::now().elapsed().as_nanos());
+    let r = h.finish() % 1000;
+    d.mul_f64(0.75 + r as f64 / 2000.0)
 }
 
 /// One round trip: a pipeline of renewal scripts, [`CHUNK`] locks each.
 /// Grouping by connection target (Redis Cluster node / slot) goes in front of
 /// this function; it renews what it is given on one connection.
-fn renew_batch(conn: &mut redis::Connection, batch: &[Renewal]) -> redis::RedisResult<Vec<bool>> {
+fn renew_batch(
+    conn: &mut redis::Connection,
+    batch: &[Renewal],
+) -> redis::RedisResult<Vec<Outcome>> {
+    let gens: Vec<String> = batch
+        .iter()
+        .map(|r| r.token.gen.map(|g| g.to_string()).unwrap_or_default())
+        .collect();
     let build = |eval: bool| {
         let mut pipe = redis::pipe();
-        for chunk in batch.chunks(CHUNK) {
+        for (c, chunk) in batch.chunks(CHUNK).enumerate() {
+            let gens = &gens[c * CHUNK..];
             let size = chunk
                 .iter()
-                .map(|r| r.hold.name.len() + r.hold.field.len() + 24)
+                .map(|r| r.hold.name.len() + r.hold.field.len() + 48)
                 .sum();
             let fill = |cmd: &mut redis::Cmd| {
                 for r in chunk {
                     cmd.arg(&r.hold.name);
                 }
-                for r in chunk {
-                    cmd.arg(&r.hold.field).arg(r.lease_ms);
+                for (r, gen) in chunk.iter().zip(gens) {
+                    cmd.arg(&r.hold.field).arg(gen).arg(r.lease_ms);
                 }
             };
             pipe.add_command(if eval {
@@ -457,27 +572,39 @@ fn renew_batch(conn: &mut redis::Connection, batch: &[Renewal]) -> redis::RedisR
         }
         pipe
     };
-    let replies: Vec<Vec<usize>> = match build(false).query(conn) {
+    let replies: Vec<Vec<redis::Value>> = match build(false).query(conn) {
         Err(e) if scripts::is_noscript(&e) => build(true).query(conn)?,
         other => other?,
     };
     if replies.len() != batch.len().div_ceil(CHUNK) {
-        return Err(redis::RedisError::from((
-            redis::ErrorKind::Parse,
-            "renewal reply has the wrong length",
-        )));
+        return Err(bad_reply("renewal reply has the wrong length"));
     }
-    let mut flags = vec![true; batch.len()];
-    for (chunk, gone) in replies.into_iter().enumerate() {
-        for i in gone {
+    let mut outcomes: Vec<Outcome> = batch.iter().map(|_| Outcome::Renewed).collect();
+    for (chunk, pairs) in replies.into_iter().enumerate() {
+        for pair in pairs.chunks(2) {
+            let [redis::Value::Int(i), code] = pair else {
+                return Err(bad_reply("renewal reply is not a list of pairs"));
+            };
             // 1-based position within the chunk.
-            if let Some(flag) = i
-                .checked_sub(1)
-                .and_then(|i| flags.get_mut(chunk * CHUNK + i))
-            {
-                *flag = false;
-            }
+            let Some(slot) = usize::try_from(*i)
+                .ok()
+                .and_then(|i| i.checked_sub(1))
+                .and_then(|i| outcomes.get_mut(chunk * CHUNK + i))
+            else {
+                return Err(bad_reply("renewal reply names a lock not in the batch"));
+            };
+            *slot = match code {
+                redis::Value::Int(_) => Outcome::Gone,
+                redis::Value::BulkString(gen) => {
+                    Outcome::Stale(std::str::from_utf8(gen).ok().and_then(|g| g.parse().ok()))
+                }
+                _ => return Err(bad_reply("renewal reply has an unknown code")),
+            };
         }
     }
-    Ok(flags)
+    Ok(outcomes)
+}
+
+fn bad_reply(what: &'static str) -> redis::RedisError {
+    redis::RedisError::from((redis::ErrorKind::Parse, what))
 }

@@ -125,12 +125,36 @@ fn other_thread_gets(lock: &Lock) -> bool {
     .expect("the try_lock thread panicked")
 }
 
-/// The lock hash as Redis holds it: field -> value.
-fn hgetall(conn: &mut redis::Connection, name: &str) -> HashMap<Vec<u8>, Vec<u8>> {
+/// The lock hash as Redis holds it: field -> value, including the
+/// generation field `<owner field>:gen` redlease writes next to each owner.
+fn raw_hgetall(conn: &mut redis::Connection, name: &str) -> HashMap<Vec<u8>, Vec<u8>> {
     redis::cmd("HGETALL")
         .arg(name)
         .query(conn)
         .expect("HGETALL on the test server")
+}
+
+/// The owner fields of the lock hash (Redisson's part of the layout): field
+/// -> hold count. Checks that each has its generation field and nothing else
+/// is there.
+fn hgetall(conn: &mut redis::Connection, name: &str) -> HashMap<Vec<u8>, Vec<u8>> {
+    let mut all = raw_hgetall(conn, name);
+    let owners: HashMap<Vec<u8>, Vec<u8>> = all
+        .iter()
+        .filter(|(f, _)| !f.ends_with(b":gen"))
+        .map(|(f, v)| (f.clone(), v.clone()))
+        .collect();
+    for field in owners.keys() {
+        let mut gen = field.clone();
+        gen.extend_from_slice(b":gen");
+        assert!(
+            all.remove(&gen).is_some(),
+            "owner field {:?} of {name:?} has no generation field",
+            String::from_utf8_lossy(field)
+        );
+    }
+    assert_eq!(all.len(), owners.len(), "unexpected fields in {name:?}");
+    owners
 }
 
 fn assert_invalid<T: Debug>(result: redlease::Result<T>, call: &str, mentions: &[&str]) {
@@ -1090,6 +1114,11 @@ fn redis_layout_matches_redisson() {
     ] {
         let lock = client.lock(name);
         let g1 = lock.lock().unwrap();
+        // Redisson's owner field, and redlease's generation field beside it
+        // (Redisson reads and writes only its own owner field, so it is
+        // invisible to Redisson clients).
+        let raw = raw_hgetall(&mut conn, name);
+        assert_eq!(raw.len(), 2, "{raw:?}");
         let hash = hgetall(&mut conn, name);
         assert_eq!(hash.len(), 1, "{hash:?}");
         let (field, value) = hash.into_iter().next().unwrap();

@@ -92,11 +92,15 @@ impl Redisson {
             .expect("Redisson's release script")
     }
 
+    /// The owner fields of a lock hash, as Redisson sees them (redlease's
+    /// generation fields `<owner>:gen`, which Redisson never reads, left out).
     fn hash(&mut self, name: &str) -> HashMap<String, String> {
-        redis::cmd("HGETALL")
+        let mut hash: HashMap<String, String> = redis::cmd("HGETALL")
             .arg(name)
             .query(&mut self.conn)
-            .expect("HGETALL")
+            .expect("HGETALL");
+        hash.retain(|f, _| !f.ends_with(":gen"));
+        hash
     }
 }
 

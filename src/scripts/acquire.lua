@@ -1,11 +1,13 @@
 -- Acquire or re-enter a reentrant lock (Redisson RLock layout).
 -- KEYS[1] lock hash          KEYS[2] cancel marker of this request
--- KEYS[3..] cancel markers of this owner's earlier requests whose reply was
---           lost and whose undo is not yet confirmed: set here, so a copy of
---           them still on its way can no longer apply
+-- KEYS[3..] cancel markers / unlock latches of this owner's earlier requests
+--           whose reply was lost and that are not settled yet: set here, so a
+--           copy of them still on its way can no longer apply
 -- ARGV[1] lease in ms        ARGV[2] owner field <client-uuid>:<thread-id>
 -- ARGV[3] hold count after this acquisition (the caller's local count + 1)
--- ARGV[4] TTL in ms of the markers in KEYS[3..] (given only with them)
+-- ARGV[4] generation: this request's id, written to the field <owner>:gen so
+--         that a renewal taken for an earlier state of the hold cannot apply
+-- ARGV[5] TTL in ms of the keys in KEYS[3..] (given only with them)
 -- Returns nil when acquired, -3 when the caller already cancelled this request,
 -- -4 when the caller believes it holds the lock (re-entry) but its field is
 -- gone (its holds were lost: lease ran out, deleted) -- nothing is written and
@@ -14,21 +16,21 @@
 -- The count is written absolutely (HSET, not HINCRBY), so running the same
 -- request twice after a lost reply cannot count one acquisition twice.
 for i = 3, #KEYS do
-    redis.call('set', KEYS[i], 1, 'px', ARGV[4])
+    redis.call('set', KEYS[i], 1, 'px', ARGV[5])
 end
 if redis.call('exists', KEYS[2]) == 1 then
     return -3
 end
-if redis.call('exists', KEYS[1]) == 0 then
+local mine = redis.call('exists', KEYS[1]) == 0
+if mine then
     if tonumber(ARGV[3]) > 1 then
         return -4
     end
-    redis.call('hset', KEYS[1], ARGV[2], ARGV[3])
-    redis.call('pexpire', KEYS[1], ARGV[1])
-    return nil
+else
+    mine = redis.call('hexists', KEYS[1], ARGV[2]) == 1
 end
-if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
-    redis.call('hset', KEYS[1], ARGV[2], ARGV[3])
+if mine then
+    redis.call('hset', KEYS[1], ARGV[2], ARGV[3], ARGV[2] .. ':gen', ARGV[4])
     redis.call('pexpire', KEYS[1], ARGV[1])
     return nil
 end

@@ -1,9 +1,10 @@
 -- Undo an acquisition whose reply was lost, so a caller told "failed" never
 -- leaves the lock held in its name. Run by the watchdog thread, retried until
--- it succeeds or the lease it could have taken has run out.
+-- it has run once.
 -- KEYS[1] lock hash   KEYS[2] release channel   KEYS[3] cancel marker of the request
 -- ARGV[1] owner field ARGV[2] holds the owner had when it sent the request
--- ARGV[3] lease in ms (re-applied while holds remain)   ARGV[4] marker TTL in ms
+-- ARGV[3] lease in ms the remaining holds need (re-applied while holds remain)
+-- ARGV[4] marker TTL in ms   ARGV[5] generation (this request's id)
 -- If the marker exists, a later operation of the same owner already set it
 -- (and wrote the count absolutely), so there is nothing to undo. Otherwise no
 -- operation of that owner ran since the request, and the count is either the
@@ -20,7 +21,7 @@ if held <= want then
     return 0
 end
 if want > 0 then
-    redis.call('hset', KEYS[1], ARGV[1], want)
+    redis.call('hset', KEYS[1], ARGV[1], want, ARGV[1] .. ':gen', ARGV[5])
     redis.call('pexpire', KEYS[1], ARGV[3])
 else
     redis.call('del', KEYS[1])

@@ -1,8 +1,16 @@
 -- Delete a lock whoever holds it and wake a waiter (Redisson forceUnlock).
--- KEYS[1] lock hash   KEYS[2] release channel
--- Returns 1 if a lock was deleted, else 0.
+-- KEYS[1] lock hash   KEYS[2] release channel   KEYS[3] latch of this request
+-- ARGV[1] latch TTL in ms
+-- Returns 1 if a lock was deleted, else 0. A retry of the same request (same
+-- latch) after a lost reply returns the first run's answer.
+local done = redis.call('get', KEYS[3])
+if done then
+    return tonumber(done)
+end
+local deleted = 0
 if redis.call('del', KEYS[1]) == 1 then
     redis.call('publish', KEYS[2], 0)
-    return 1
+    deleted = 1
 end
-return 0
+redis.call('set', KEYS[3], deleted, 'px', ARGV[1])
+return deleted

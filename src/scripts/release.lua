@@ -1,10 +1,11 @@
 -- Release one hold of a reentrant lock (Redisson RLock layout).
 -- KEYS[1] lock hash   KEYS[2] release channel   KEYS[3] unlock latch of this request
--- KEYS[4..] cancel markers of this owner's unconfirmed lost acquisitions (see
---           acquire.lua), set here so they can no longer apply
+-- KEYS[4..] keys of this owner's unsettled requests (see acquire.lua), set
+--           here so they can no longer apply
 -- ARGV[1] owner field ARGV[2] holds left after this release (0 = full release)
 -- ARGV[3] lease in ms (re-applied while holds remain)   ARGV[4] latch TTL in ms
--- ARGV[5] TTL in ms of the keys in KEYS[4..] (given only with them)
+-- ARGV[5] generation (this request's id, see acquire.lua)
+-- ARGV[6] TTL in ms of the keys in KEYS[4..] (given only with them)
 -- Returns nil when the field is gone (not held: expired or deleted), 0 when
 -- holds remain, 1 when the lock was deleted and one waiter per process woken.
 -- A retry or a late copy of the same request (same latch) returns the first
@@ -12,7 +13,7 @@
 -- reported "not held"; an owner's later operation sets the latch of its
 -- unsettled releases first, so their late copies cannot touch a later hold.
 for i = 4, #KEYS do
-    redis.call('set', KEYS[i], 1, 'px', ARGV[5])
+    redis.call('set', KEYS[i], 1, 'px', ARGV[6])
 end
 local done = redis.call('get', KEYS[3])
 if done then
@@ -22,14 +23,14 @@ if tonumber(ARGV[2]) > 0 then
     if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
         return nil
     end
-    redis.call('hset', KEYS[1], ARGV[1], ARGV[2])
+    redis.call('hset', KEYS[1], ARGV[1], ARGV[2], ARGV[1] .. ':gen', ARGV[5])
     redis.call('pexpire', KEYS[1], ARGV[3])
     redis.call('set', KEYS[3], 0, 'px', ARGV[4])
     return 0
 end
--- The owner's field is the only one a lock hash has: removing it removes the
--- key (as Redisson's DEL does), and tells whether we held it, in one call.
-if redis.call('hdel', KEYS[1], ARGV[1]) == 0 then
+-- The owner's fields are the only ones a lock hash has: removing them removes
+-- the key (as Redisson's DEL does), and tells whether we held it, in one call.
+if redis.call('hdel', KEYS[1], ARGV[1], ARGV[1] .. ':gen') == 0 then
     return nil
 end
 redis.call('publish', KEYS[2], 0)

@@ -65,10 +65,12 @@ pub fn server_lock_keys(srv: &RedisServer) -> Vec<String> {
 
 /// The hold count Redis records for the only owner of `name` (0 if none).
 pub fn server_count(conn: &mut redis::Connection, name: &str) -> u32 {
-    let fields: Vec<(String, u32)> = redis::cmd("HGETALL")
+    let mut fields: Vec<(String, u32)> = redis::cmd("HGETALL")
         .arg(name)
         .query(conn)
         .expect("HGETALL");
+    // Each owner field has redlease's generation field `<owner>:gen` beside it.
+    fields.retain(|(f, _)| !f.ends_with(":gen"));
     assert!(fields.len() <= 1, "one owner at most: {fields:?}");
     fields.first().map_or(0, |(_, n)| *n)
 }
