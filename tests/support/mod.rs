@@ -685,6 +685,55 @@ struct Pair {
     /// Set (before forwarding) when `cut_after_request` fires on this pair:
     /// nothing more is forwarded to the client.
     doomed: AtomicBool,
+    /// What the client sent (the first [`SENT_KEPT`] bytes), for
+    /// [`Proxy::connections_that_sent`].
+    sent: Mutex<Vec<u8>>,
+    /// Delays to apply before forwarding the next server->client chunks
+    /// ([`Fault::DelayReply`]), in order.
+    reply_delays: Mutex<std::collections::VecDeque<Duration>>,
+    /// Server->client bytes are swallowed ([`Fault::DropReply`]).
+    drop_replies: AtomicBool,
+    /// Both directions are swallowed ([`Fault::BlackHole`]).
+    black_holed: AtomicBool,
+}
+
+/// How many bytes of what a client sent are kept per connection.
+const SENT_KEPT: usize = 64 * 1024;
+
+/// What a rule does when a client->server chunk containing its pattern passes.
+#[derive(Clone, Debug)]
+pub enum Fault {
+    /// Forward the request, then hold back the reply to it (the next
+    /// server->client bytes on that connection, and everything behind them,
+    /// in order) for this long.
+    DelayReply(Duration),
+    /// Hold the request back this long before forwarding it (later requests
+    /// on that connection queue behind it).
+    DelayRequest(Duration),
+    /// Forward the request, then swallow every byte the server sends back on
+    /// that connection from then on, without closing anything (the client
+    /// sees no reply and times out: "request executed, reply lost, link
+    /// silent"). Client->server traffic keeps flowing.
+    DropReply,
+    /// Swallow the request itself and everything after it in both directions
+    /// on that connection, without closing either socket (a half-open,
+    /// silent link: no FIN, no RST).
+    BlackHole,
+    /// Forward the request, then close the connection before any reply
+    /// reaches the client (what [`Proxy::cut_after_request`] does).
+    CutAfterRequest,
+}
+
+/// Handle of a rule installed with [`Proxy::add_rule`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RuleId(u64);
+
+struct Rule {
+    id: u64,
+    pattern: Vec<u8>,
+    fault: Fault,
+    remaining: usize,
+    hits: usize,
 }
 
 impl Pair {
@@ -706,6 +755,9 @@ struct ProxyShared {
     total: AtomicUsize,
     trigger: Mutex<Option<Vec<u8>>>,
     workers: Mutex<Vec<JoinHandle<()>>>,
+    rules: Mutex<Vec<Rule>>,
+    next_rule: AtomicU64,
+    reject: AtomicBool,
 }
 
 impl ProxyShared {
@@ -729,6 +781,34 @@ impl ProxyShared {
             })
             .unwrap_or_else(PoisonError::into_inner);
         !self.shutdown.load(Ordering::SeqCst) && !pair.closed.load(Ordering::SeqCst)
+    }
+
+    /// Sleeps `d` in short slices; `false` if the pair was closed or the
+    /// proxy shut down meanwhile.
+    fn sleep(&self, pair: &Pair, d: Duration) -> bool {
+        let until = Instant::now() + d;
+        loop {
+            if self.shutdown.load(Ordering::SeqCst) || pair.closed.load(Ordering::SeqCst) {
+                return false;
+            }
+            let now = Instant::now();
+            if now >= until {
+                return true;
+            }
+            thread::sleep((until - now).min(Duration::from_millis(10)));
+        }
+    }
+
+    /// The fault of the first rule with hits left whose pattern is in
+    /// `window` (counted as a hit).
+    fn take_fault(&self, window: &[u8]) -> Option<Fault> {
+        let mut rules = lock(&self.rules);
+        let rule = rules
+            .iter_mut()
+            .find(|r| r.remaining > 0 && contains(window, &r.pattern))?;
+        rule.remaining -= 1;
+        rule.hits += 1;
+        Some(rule.fault.clone())
     }
 
     fn remove(&self, pair: &Pair) {
@@ -773,6 +853,9 @@ impl Proxy {
             total: AtomicUsize::new(0),
             trigger: Mutex::new(None),
             workers: Mutex::new(Vec::new()),
+            rules: Mutex::new(Vec::new()),
+            next_rule: AtomicU64::new(0),
+            reject: AtomicBool::new(false),
         });
         let acceptor = {
             let shared = Arc::clone(&shared);
@@ -867,6 +950,98 @@ impl Proxy {
     pub fn disarm(&self) {
         *lock(&self.shared.trigger) = None;
     }
+
+    /// Installs a rule: the next `times` client->server chunks (on any
+    /// connection) that contain `pattern` get `fault`; `usize::MAX` means
+    /// every matching chunk until the rule is removed. Rules are checked in
+    /// installation order and one rule at most applies to a chunk. A pattern
+    /// is matched within one chunk as read (up to 16 KiB), which is what a
+    /// client writes in one go: a command, or a pipeline.
+    pub fn add_rule(&self, pattern: &[u8], fault: Fault, times: usize) -> RuleId {
+        assert!(!pattern.is_empty(), "add_rule: empty pattern");
+        let id = self.shared.next_rule.fetch_add(1, Ordering::SeqCst);
+        lock(&self.shared.rules).push(Rule {
+            id,
+            pattern: pattern.to_vec(),
+            fault,
+            remaining: times,
+            hits: 0,
+        });
+        RuleId(id)
+    }
+
+    /// How many times the rule has fired so far (0 once removed).
+    pub fn hits(&self, rule: RuleId) -> usize {
+        lock(&self.shared.rules)
+            .iter()
+            .find(|r| r.id == rule.0)
+            .map_or(0, |r| r.hits)
+    }
+
+    /// Removes a rule (faults already applied stay applied).
+    pub fn remove_rule(&self, rule: RuleId) {
+        lock(&self.shared.rules).retain(|r| r.id != rule.0);
+    }
+
+    /// Removes every rule installed with [`Proxy::add_rule`].
+    pub fn clear_rules(&self) {
+        lock(&self.shared.rules).clear();
+    }
+
+    /// Blocks until the rule has fired at least `n` times; panics, naming
+    /// the rule's pattern, if it has not within `timeout`.
+    pub fn wait_hits(&self, rule: RuleId, n: usize, timeout: Duration) {
+        let pattern = lock(&self.shared.rules)
+            .iter()
+            .find(|r| r.id == rule.0)
+            .map(|r| String::from_utf8_lossy(&r.pattern).into_owned())
+            .unwrap_or_default();
+        wait_until(
+            &format!("proxy rule on {pattern:?} to fire {n} times"),
+            timeout,
+            || self.hits(rule) >= n,
+        );
+    }
+
+    /// Ids of the open connections, oldest first.
+    pub fn connection_ids(&self) -> Vec<u64> {
+        let mut ids: Vec<u64> = lock(&self.shared.pairs).keys().copied().collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// The open connections whose client has sent a chunk containing
+    /// `pattern` (within its first 64 KiB), oldest first.
+    pub fn connections_that_sent(&self, pattern: &[u8]) -> Vec<u64> {
+        let mut ids: Vec<u64> = lock(&self.shared.pairs)
+            .values()
+            .filter(|p| contains(&lock(&p.sent), pattern))
+            .map(|p| p.id)
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// Black-holes one open connection from now on: nothing is forwarded in
+    /// either direction, and both sockets stay open (no FIN, no RST).
+    /// `false` if no such connection is open.
+    pub fn black_hole(&self, conn: u64) -> bool {
+        match lock(&self.shared.pairs).get(&conn) {
+            Some(pair) => {
+                pair.black_holed.store(true, Ordering::SeqCst);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// While on, every newly accepted client connection is closed right
+    /// after accept (a server that accepts and hangs up, like one at
+    /// `maxclients`). Existing connections are unaffected; rejected
+    /// connections count in [`Proxy::connections_total`].
+    pub fn set_reject(&self, on: bool) {
+        self.shared.reject.store(on, Ordering::SeqCst);
+    }
 }
 
 impl Drop for Proxy {
@@ -897,6 +1072,10 @@ fn accept_loop(listener: TcpListener, shared: Arc<ProxyShared>) {
             continue;
         };
         shared.total.fetch_add(1, Ordering::SeqCst);
+        if shared.reject.load(Ordering::SeqCst) {
+            let _ = client.shutdown(Shutdown::Both);
+            continue;
+        }
         let Ok(upstream) = TcpStream::connect_timeout(&shared.upstream, Duration::from_secs(2))
         else {
             let _ = client.shutdown(Shutdown::Both);
@@ -922,6 +1101,10 @@ fn accept_loop(listener: TcpListener, shared: Arc<ProxyShared>) {
             upstream,
             closed: AtomicBool::new(false),
             doomed: AtomicBool::new(false),
+            sent: Mutex::new(Vec::new()),
+            reply_delays: Mutex::new(std::collections::VecDeque::new()),
+            drop_replies: AtomicBool::new(false),
+            black_holed: AtomicBool::new(false),
         });
         lock(&shared.pairs).insert(id, Arc::clone(&pair));
 
@@ -961,8 +1144,52 @@ fn pump(
             Ok(n) => n,
         };
         let chunk = &buf[..n];
+        if pair.black_holed.load(Ordering::SeqCst) {
+            continue;
+        }
         if !shared.wait_not_stalled(pair) {
             break;
+        }
+        match dir {
+            Direction::ToClient => {
+                if pair.drop_replies.load(Ordering::SeqCst) {
+                    continue;
+                }
+                let delay = lock(&pair.reply_delays).pop_front();
+                if let Some(d) = delay {
+                    if !shared.sleep(pair, d) {
+                        break;
+                    }
+                }
+                if pair.black_holed.load(Ordering::SeqCst) {
+                    continue;
+                }
+            }
+            Direction::ToUpstream => {
+                {
+                    let mut sent = lock(&pair.sent);
+                    let room = SENT_KEPT.saturating_sub(sent.len());
+                    sent.extend_from_slice(&chunk[..chunk.len().min(room)]);
+                }
+                match shared.take_fault(chunk) {
+                    None => {}
+                    Some(Fault::DelayReply(d)) => lock(&pair.reply_delays).push_back(d),
+                    Some(Fault::DelayRequest(d)) if !shared.sleep(pair, d) => break,
+                    Some(Fault::DelayRequest(_)) => {}
+                    Some(Fault::DropReply) => pair.drop_replies.store(true, Ordering::SeqCst),
+                    Some(Fault::BlackHole) => {
+                        pair.black_holed.store(true, Ordering::SeqCst);
+                        continue;
+                    }
+                    Some(Fault::CutAfterRequest) => {
+                        pair.doomed.store(true, Ordering::SeqCst);
+                        let _ = writer.write_all(chunk);
+                        let _ = pair.client.shutdown(Shutdown::Both);
+                        let _ = pair.upstream.shutdown(Shutdown::Write);
+                        return;
+                    }
+                }
+            }
         }
         let delay = *lock(&shared.delay);
         if !delay.is_zero() {

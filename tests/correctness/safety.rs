@@ -1,0 +1,250 @@
+//! A randomized safety test: threads of three clients take two locks with
+//! mixed lease kinds, re-entries and tiny leases, while a fault injector
+//! delays, drops and cuts random single requests and replies (one rule at a
+//! time, replaced every 10-40 ms). The oracle
+//! flags any instant at which two holders both believed (by `ensure_held()`)
+//! that they held the same lock.
+//!
+//! Runs `REDLEASE_SAFETY_SECS` seconds (default 12, at most 60); the seed is
+//! printed and can be replayed with `REDLEASE_SAFETY_SEED`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redlease::Client;
+
+use crate::faults_common::figure;
+use crate::support::{Fault, Proxy, RedisServer};
+
+const LOCKS: [&str; 2] = ["safety:a", "safety:{a}"];
+const CLIENTS: usize = 3;
+const THREADS_PER_CLIENT: usize = 2;
+
+/// xorshift64*: a small deterministic generator, one per thread.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.max(1))
+    }
+
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    fn ms(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(lo + self.below(hi - lo + 1))
+    }
+}
+
+/// An interval in which one owner believed it held a lock: from the return
+/// of the acquire call to the start of its last `ensure_held()` that said Ok
+/// (both conservative, so a reported overlap is a real one).
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    owner: (usize, usize),
+    from: Instant,
+    to: Instant,
+}
+
+fn sha(source: &str) -> Vec<u8> {
+    redis::Script::new(source).get_hash().as_bytes().to_vec()
+}
+
+#[test]
+fn randomized_faults_never_let_two_holders_believe_at_once() {
+    let secs: u64 = std::env::var("REDLEASE_SAFETY_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(12)
+        .clamp(1, 60);
+    let seed: u64 = std::env::var("REDLEASE_SAFETY_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        });
+    println!("randomized safety test: {secs} s, seed {seed}");
+
+    let srv = RedisServer::start();
+    let proxy = Arc::new(Proxy::start(srv.addr()));
+    let clients: Vec<Client> = (0..CLIENTS)
+        .map(|_| {
+            Client::builder(&proxy.url())
+                .response_timeout(Duration::from_millis(120))
+                .connection_timeout(Duration::from_millis(500))
+                .watchdog_timeout(Duration::from_millis(400))
+                .build()
+                .expect("client")
+        })
+        .collect();
+
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let stop = Arc::new(AtomicBool::new(false));
+    let spans: Arc<Mutex<HashMap<&'static str, Vec<Span>>>> = Arc::default();
+    let acquisitions = Arc::new(AtomicU64::new(0));
+    let checks = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+
+    // The fault injector: one rule at a time, on a random script, of a
+    // random kind, replaced every 20-80 ms.
+    let injector = {
+        let proxy = Arc::clone(&proxy);
+        let stop = Arc::clone(&stop);
+        let mut rng = Rng::new(seed ^ 0xFA17);
+        thread::spawn(move || {
+            let scripts = [
+                sha(include_str!("../../src/scripts/acquire.lua")),
+                sha(include_str!("../../src/scripts/release.lua")),
+                sha(include_str!("../../src/scripts/renew.lua")),
+                sha(include_str!("../../src/scripts/cancel_acquire.lua")),
+            ];
+            let mut fired = 0;
+            let mut current = None;
+            while !stop.load(Ordering::Acquire) {
+                if let Some(rule) = current.take() {
+                    fired += proxy.hits(rule);
+                    proxy.remove_rule(rule);
+                }
+                let script = &scripts[rng.below(scripts.len() as u64) as usize];
+                let fault = match rng.below(5) {
+                    0 => Fault::DelayReply(rng.ms(10, 300)),
+                    1 => Fault::DelayRequest(rng.ms(10, 300)),
+                    2 => Fault::DropReply,
+                    3 => Fault::CutAfterRequest,
+                    _ => Fault::BlackHole,
+                };
+                current = Some(proxy.add_rule(script, fault, 1));
+                thread::sleep(rng.ms(10, 40)); // pacing of the injected faults
+            }
+            if let Some(rule) = current {
+                fired += proxy.hits(rule);
+                proxy.remove_rule(rule);
+            }
+            fired
+        })
+    };
+
+    let mut workers = Vec::new();
+    for (c, client) in clients.iter().enumerate() {
+        for t in 0..THREADS_PER_CLIENT {
+            let client = client.clone();
+            let spans = Arc::clone(&spans);
+            let (acquisitions, checks, errors) = (
+                Arc::clone(&acquisitions),
+                Arc::clone(&checks),
+                Arc::clone(&errors),
+            );
+            let mut rng = Rng::new(seed ^ (((c as u64) << 32) | (t as u64 + 1)));
+            workers.push(thread::spawn(move || {
+                while Instant::now() < deadline {
+                    let name = LOCKS[rng.below(2) as usize];
+                    let lock = client.lock(name);
+                    let wait = rng.ms(0, 200);
+                    let acquired = match rng.below(4) {
+                        0 => lock.try_lock_for(wait),
+                        1 => lock.try_lock(),
+                        _ => lock.try_lock_with_lease(wait, rng.ms(30, 200)),
+                    };
+                    let guard = match acquired {
+                        Ok(Some(g)) => g,
+                        Ok(None) => continue,
+                        Err(_) => {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
+                    };
+                    let from = Instant::now();
+                    acquisitions.fetch_add(1, Ordering::Relaxed);
+                    // Mostly re-enter, with either lease kind: releasing the
+                    // re-entry changes the lease the outer guard relies on.
+                    let inner = match rng.below(4) {
+                        0 | 1 => lock.try_lock().ok().flatten(),
+                        2 => lock
+                            .try_lock_with_lease(Duration::ZERO, rng.ms(20, 200))
+                            .ok()
+                            .flatten(),
+                        _ => None,
+                    };
+                    let mut inner = inner;
+                    let mut to = None;
+                    for _ in 0..rng.below(15) + 1 {
+                        let before = Instant::now();
+                        if guard.ensure_held().is_err() {
+                            break;
+                        }
+                        checks.fetch_add(1, Ordering::Relaxed);
+                        to = Some(before);
+                        if rng.below(3) == 0 {
+                            if let Some(g) = inner.take() {
+                                let _ = g.unlock();
+                            }
+                        }
+                        thread::sleep(rng.ms(0, 15)); // the critical section's work
+                    }
+                    if let Some(to) = to {
+                        spans.lock().unwrap().entry(name).or_default().push(Span {
+                            owner: (c, t),
+                            from,
+                            to,
+                        });
+                    }
+                    drop(inner);
+                    let _ = guard.unlock();
+                }
+            }));
+        }
+    }
+    for w in workers {
+        w.join().expect("a worker panicked");
+    }
+    stop.store(true, Ordering::Release);
+    let fired = injector.join().expect("the injector panicked");
+
+    let spans = spans.lock().unwrap();
+    let mut violations = Vec::new();
+    for (name, list) in spans.iter() {
+        let mut list = list.clone();
+        list.sort_by_key(|s| s.from);
+        for (i, a) in list.iter().enumerate() {
+            for b in &list[i + 1..] {
+                if b.from >= a.to {
+                    break;
+                }
+                if a.owner != b.owner && a.to > b.from && b.to > a.from {
+                    violations.push((name.to_string(), *a, *b));
+                }
+            }
+        }
+    }
+    let total: usize = spans.values().map(Vec::len).sum();
+    figure(&format!(
+        "randomized safety ({secs} s, seed {seed}): {} acquisitions, {} ensure_held checks, \
+         {fired} injected faults fired, {} call errors, {} violations",
+        acquisitions.load(Ordering::Relaxed),
+        checks.load(Ordering::Relaxed),
+        errors.load(Ordering::Relaxed),
+        violations.len()
+    ));
+    assert!(total > 0, "no lock was ever held: the test tested nothing");
+    assert!(fired > 0, "no fault was ever injected");
+    assert!(
+        violations.is_empty(),
+        "two holders believed they held the lock at once (seed {seed}): {:?}",
+        &violations[..violations.len().min(5)]
+    );
+}
