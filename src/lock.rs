@@ -325,9 +325,15 @@ impl Lock {
             return Ok(None);
         }
         let shared = &self.client.shared;
-        let subscription = shared.pubsub.subscribe(&self.channel, deadline)?;
+        let subscription = shared
+            .pubsub
+            .subscribe(&self.channel, &self.name, deadline)?;
         loop {
-            let ttl = match self.attempt(terms)? {
+            // An error drops the subscription, which passes a wake-up this
+            // retry took on to another waiter.
+            let attempt = self.attempt(terms)?;
+            subscription.used();
+            let ttl = match attempt {
                 Attempt::Acquired(g) => return Ok(Some(g)),
                 Attempt::Busy(ttl) => ttl,
             };
@@ -342,7 +348,7 @@ impl Lock {
             if let Some(d) = deadline {
                 until = until.min(d);
             }
-            subscription.wait_until(until);
+            subscription.wait_until(until)?;
         }
     }
 

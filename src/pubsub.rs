@@ -3,22 +3,52 @@
 //! Waiters subscribe to a lock's release channel before their retry, so no
 //! release can slip between "busy" and "waiting". Subscriptions are counted per
 //! channel: the first waiter sends SUBSCRIBE, the last one to leave sends
-//! UNSUBSCRIBE. Each channel has a latch with permits: a release message adds
-//! one permit and wakes one waiter of that lock in this process (no thundering
-//! herd); a permit that arrives while nobody sleeps is kept for the next wait.
+//! UNSUBSCRIBE. Two lock names can share one channel (Redisson names the
+//! channel of `k` and of `{k}` alike), so wake-ups are kept per (channel, lock
+//! name): a release message, which does not say which lock was released, adds
+//! one permit to the latch of every lock name waited on over that channel and
+//! wakes one waiter of each in this process (no thundering herd); a permit that
+//! arrives while nobody sleeps is kept for the next wait. A woken waiter holds
+//! its wake-up until its retry got an answer from Redis; a wake-up it could not
+//! use (the retry failed) is passed on to another waiter of the same lock when
+//! its subscription is dropped, so a failed retry strands nobody.
 //!
 //! Commands go out through an outbox: whoever finds the outbox idle writes
 //! everything queued, others just queue and leave, so no thread ever waits on a
-//! lock of ours that is held across socket I/O. Replies come back in order, so
-//! an acknowledgement counter tells each waiter when its SUBSCRIBE has been
-//! applied. When the connection dies, the thread reconnects with backoff,
-//! subscribes every channel that still has waiters and then wakes all of them
-//! to retry, because a release may have been missed meanwhile.
+//! lock of ours that is held across socket I/O. Replies come back in order, and
+//! the outbox remembers what each reply answers: replies to SUBSCRIBE and
+//! UNSUBSCRIBE, error replies included, advance an acknowledgement counter
+//! that tells each waiter when its SUBSCRIBE has been applied. A refused
+//! SUBSCRIBE (say `NOPERM` for an ACL user without the channel) fails the
+//! channel's waiters with an error that says what to grant, and the channel is
+//! forgotten so that a later waiter tries again. PINGs take no number.
+//!
+//! Liveness: a connection that has received nothing for a ping interval (the
+//! response timeout, clamped to [`MIN_PING_INTERVAL`, `MAX_PING_INTERVAL`])
+//! gets a PING, and so does one on which a waiter's SUBSCRIBE went
+//! unacknowledged for its wait. If no PONG comes within the response timeout,
+//! the connection is declared dead, even if it never reports an error (a
+//! silent, half-open link). The socket's read timeout is set to the next such
+//! event and handled inside the reader, so the RESP parser only ever sees data
+//! or a fatal error, never a timeout in the middle of a frame.
+//!
+//! Reconnecting: a new connection proves itself before it is used (AUTH if
+//! configured, then PING, both answered within the response timeout); an
+//! error reply there (such as `ERR max number of clients reached`) is logged
+//! at warn. Until a connection has proven itself, attempts are spaced by a
+//! backoff that doubles from 20 ms to 1 s with ±50 % jitter, so a server or
+//! proxy that accepts and then closes does not make the thread spin. A proven
+//! connection that is lost is replaced at once (at most once a second; more
+//! often, the backoff applies). Then every channel that still has waiters is
+//! subscribed again, and once Redis has answered, all of them are woken to
+//! retry, because a release may have been missed meanwhile.
 
-use std::collections::HashMap;
-use std::io::{self, BufReader, Read, Write};
+use std::cell::Cell;
+use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasher;
+use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,8 +57,20 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::error::{Error, Result};
 
+/// First wait before retrying a connection that has not proven itself.
 const MIN_BACKOFF: Duration = Duration::from_millis(20);
+/// Longest wait between connection attempts (before jitter).
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// A lost proven connection is replaced at once at most this often.
+const FAST_RECONNECT_EVERY: Duration = Duration::from_secs(1);
+/// Bounds of the ping interval, which is the response timeout clamped to
+/// them: often enough to find a silent link within about two response
+/// timeouts, never more than 10 PINGs a second on an idle connection.
+const MIN_PING_INTERVAL: Duration = Duration::from_millis(100);
+const MAX_PING_INTERVAL: Duration = Duration::from_secs(1);
+/// The hint in the error of a SUBSCRIBE refused for lack of permissions.
+const GRANT_HINT: &str =
+    "grant the user the release channels, e.g. ACL SETUSER <user> &redisson_lock__channel:*";
 
 /// Where the subscriber connects and how it authenticates.
 #[derive(Clone)]
@@ -93,17 +135,19 @@ impl Stream {
         }
     }
 
-    fn set_timeouts(&self, read: Option<Duration>, write: Option<Duration>) -> io::Result<()> {
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         match self {
-            Stream::Tcp(s) => {
-                s.set_read_timeout(read)?;
-                s.set_write_timeout(write)
-            }
+            Stream::Tcp(s) => s.set_read_timeout(timeout),
             #[cfg(unix)]
-            Stream::Unix(s) => {
-                s.set_read_timeout(read)?;
-                s.set_write_timeout(write)
-            }
+            Stream::Unix(s) => s.set_read_timeout(timeout),
+        }
+    }
+
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_write_timeout(timeout),
+            #[cfg(unix)]
+            Stream::Unix(s) => s.set_write_timeout(timeout),
         }
     }
 
@@ -122,14 +166,9 @@ impl Stream {
             Stream::Unix(s) => (&*s).write_all(buf),
         }
     }
-}
 
-/// Reads from a shared stream while other threads write to it.
-struct StreamReader(Arc<Stream>);
-
-impl Read for StreamReader {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match &*self.0 {
+    fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
             Stream::Tcp(s) => (&*s).read(buf),
             #[cfg(unix)]
             Stream::Unix(s) => (&*s).read(buf),
@@ -137,43 +176,223 @@ impl Read for StreamReader {
     }
 }
 
-/// One channel's waiters and latch.
-struct Channel {
-    /// Waiters subscribed; changed only under the channel map's lock.
-    refs: AtomicUsize,
-    /// Sequence number of the SUBSCRIBE that created this entry.
-    sub_seq: u64,
-    permits: Mutex<usize>,
+/// Reads the handshake replies, bounded by the socket's read timeout.
+struct PlainReader<'a>(&'a Stream);
+
+impl Read for PlainReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read(buf)
+    }
+}
+
+/// Reads from the serving connection while other threads write to it, and
+/// keeps it honest: the socket's read timeout is the next liveness event
+/// (time to PING an idle connection, or the deadline of the outstanding
+/// PONG), handled here. The parser above sees data, end of stream, or a fatal
+/// error (a PONG overdue, the subscriber stopping), never a plain timeout.
+struct LiveReader<'a> {
+    inner: &'a Inner,
+    stream: &'a Stream,
+    /// When data last arrived.
+    last_rx: Instant,
+}
+
+impl Read for LiveReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let inner = self.inner;
+        loop {
+            if inner.shutdown.load(Ordering::Acquire) {
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    "the subscriber is stopping",
+                ));
+            }
+            let now = Instant::now();
+            let next = {
+                let mut out = inner.out.lock();
+                match out.ping_sent {
+                    Some(sent) => {
+                        let overdue = sent.checked_add(inner.response_timeout).unwrap_or(sent);
+                        if now >= overdue {
+                            return Err(io::Error::new(
+                                io::ErrorKind::TimedOut,
+                                format!(
+                                    "no PONG within the response timeout ({:?}): the \
+                                     connection went silent",
+                                    inner.response_timeout
+                                ),
+                            ));
+                        }
+                        overdue
+                    }
+                    None => {
+                        let due = self.last_rx.checked_add(inner.ping_interval).unwrap_or(now);
+                        if now >= due {
+                            if !out.ping(now) {
+                                return Err(io::Error::new(
+                                    io::ErrorKind::NotConnected,
+                                    "the connection was taken down",
+                                ));
+                            }
+                            drop(out);
+                            inner.flush();
+                            continue;
+                        }
+                        due
+                    }
+                }
+            };
+            let wait = next
+                .saturating_duration_since(now)
+                .max(Duration::from_millis(1));
+            self.stream.set_read_timeout(Some(wait))?;
+            match self.stream.read(buf) {
+                Ok(n) => {
+                    if n > 0 {
+                        self.last_rx = Instant::now();
+                    }
+                    return Ok(n);
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock
+                            | io::ErrorKind::TimedOut
+                            | io::ErrorKind::Interrupted
+                    ) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// The waiters of one lock name on one channel, and their wake-ups.
+struct Latch {
+    state: Mutex<LatchState>,
     wake: Condvar,
 }
 
-impl Channel {
+struct LatchState {
+    /// Subscriptions of this lock in this process; changed only under the
+    /// channel map's lock.
+    waiters: usize,
+    /// Wake-ups not yet taken, at most one per waiter.
+    permits: usize,
+    /// Set when Redis refused the channel's SUBSCRIBE.
+    failed: Option<redis::RedisError>,
+}
+
+impl Latch {
+    fn new() -> Latch {
+        Latch {
+            state: Mutex::new(LatchState {
+                waiters: 0,
+                permits: 0,
+                failed: None,
+            }),
+            wake: Condvar::new(),
+        }
+    }
+
+    /// A release message (one waiter may go) or a reconnect (all retry).
     fn release(&self, all: bool) {
-        let refs = self.refs.load(Ordering::Acquire);
-        let mut permits = self.permits.lock();
+        let mut state = self.state.lock();
+        let cap = state.waiters.max(1);
         if all {
-            *permits = refs.max(1);
+            state.permits = cap;
             self.wake.notify_all();
         } else {
-            *permits = (*permits + 1).min(refs.max(1));
+            state.permits = (state.permits + 1).min(cap);
             self.wake.notify_one();
         }
     }
+
+    fn fail(&self, e: &redis::RedisError) {
+        let mut state = self.state.lock();
+        state.failed = Some(e.clone());
+        self.wake.notify_all();
+    }
+}
+
+/// One subscribed channel: the SUBSCRIBE that created it and a latch per lock
+/// name waited on over it.
+struct Channel {
+    name: String,
+    /// Sequence number of the SUBSCRIBE that created this entry.
+    sub_seq: u64,
+    /// Keyed by lock name; changed only under the channel map's lock.
+    latches: Mutex<HashMap<String, Arc<Latch>>>,
+}
+
+impl Channel {
+    fn latches(&self) -> Vec<Arc<Latch>> {
+        self.latches.lock().values().cloned().collect()
+    }
+}
+
+/// What a reply on the current connection answers, in the order sent.
+enum Sent {
+    /// A numbered command; `Some` for a SUBSCRIBE.
+    Command {
+        seq: u64,
+        subscribe: Option<Arc<Channel>>,
+    },
+    Ping,
 }
 
 struct Outbox {
     buf: Vec<u8>,
     next_seq: u64,
+    /// Commands queued or written on the current connection whose reply has
+    /// not come yet.
+    sent: VecDeque<Sent>,
+    /// When the PING awaiting its PONG was queued.
+    ping_sent: Option<Instant>,
     stream: Option<Arc<Stream>>,
+}
+
+impl Outbox {
+    /// Queues a numbered command; returns its sequence number. Callers of
+    /// SUBSCRIBE and UNSUBSCRIBE hold the channel map's lock, so commands for
+    /// one channel are queued in map order. Without a
+    /// connection it is only numbered: the next connection starts with every
+    /// number used so far acknowledged and subscribes every channel anew.
+    fn push(&mut self, cmd: &[u8], subscribe: Option<Arc<Channel>>) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        if self.stream.is_some() {
+            self.buf.extend_from_slice(cmd);
+            self.sent.push_back(Sent::Command { seq, subscribe });
+        }
+        seq
+    }
+
+    /// Queues a PING (unnumbered) unless one is awaiting its PONG; `false`
+    /// without a connection.
+    fn ping(&mut self, now: Instant) -> bool {
+        if self.stream.is_none() {
+            return false;
+        }
+        if self.ping_sent.is_none() {
+            self.buf
+                .extend_from_slice(&redis::cmd("PING").get_packed_command());
+            self.sent.push_back(Sent::Ping);
+            self.ping_sent = Some(now);
+        }
+        true
+    }
 }
 
 struct Inner {
     target: Target,
     connect_timeout: Duration,
     response_timeout: Duration,
+    ping_interval: Duration,
     channels: Mutex<HashMap<String, Arc<Channel>>>,
     out: Mutex<Outbox>,
     writing: AtomicBool,
+    /// Every command numbered below this has been answered (or voided by a
+    /// reconnect).
     acked: Mutex<u64>,
     acked_cv: Condvar,
     shutdown: AtomicBool,
@@ -198,10 +417,13 @@ impl PubSub {
                 target,
                 connect_timeout,
                 response_timeout,
+                ping_interval: response_timeout.clamp(MIN_PING_INTERVAL, MAX_PING_INTERVAL),
                 channels: Mutex::new(HashMap::new()),
                 out: Mutex::new(Outbox {
                     buf: Vec::new(),
                     next_seq: 0,
+                    sent: VecDeque::new(),
+                    ping_sent: None,
                     stream: None,
                 }),
                 writing: AtomicBool::new(false),
@@ -214,7 +436,8 @@ impl PubSub {
         }
     }
 
-    /// How many times the subscriber connection was re-established.
+    /// How many times the subscriber connection was re-established (counting
+    /// connections that proved themselves only).
     pub(crate) fn reconnects(&self) -> u64 {
         self.inner.reconnects.load(Ordering::Relaxed)
     }
@@ -239,51 +462,72 @@ impl PubSub {
         Ok(())
     }
 
-    /// Subscribes to `name` and waits (until `deadline`, at most one response
-    /// timeout) for Redis to confirm. An unconfirmed subscription still works
-    /// once the connection is back; until then waits are bounded by the
-    /// holder's lease.
+    /// Subscribes a waiter of lock `lock` to `channel` and waits (until
+    /// `deadline`, at most one response timeout) for Redis to confirm. An
+    /// unconfirmed subscription still works once the connection is back (it
+    /// is sent again then); until then waits are bounded by the holder's
+    /// lease, and the connection is checked with a PING at once.
+    ///
+    /// Errors: Redis refused the SUBSCRIBE (the message names the channel and
+    /// what to grant), or the subscriber thread cannot start.
     pub(crate) fn subscribe(
         &self,
-        name: &str,
+        channel: &str,
+        lock: &str,
         deadline: Option<Instant>,
     ) -> Result<Subscription<'_>> {
         self.ensure_started()?;
         let inner = &*self.inner;
-        let (channel, created) = {
+        let (chan, latch, created) = {
             let mut map = inner.channels.lock();
-            match map.get(name) {
-                Some(c) => {
-                    c.refs.fetch_add(1, Ordering::AcqRel);
-                    (Arc::clone(c), false)
-                }
+            let (chan, created) = match map.get(channel) {
+                Some(c) => (Arc::clone(c), false),
                 None => {
-                    let seq = inner.queue(&redis::cmd("SUBSCRIBE").arg(name).get_packed_command());
+                    let cmd = redis::cmd("SUBSCRIBE").arg(channel).get_packed_command();
+                    let mut out = inner.out.lock();
                     let c = Arc::new(Channel {
-                        refs: AtomicUsize::new(1),
-                        sub_seq: seq,
-                        permits: Mutex::new(0),
-                        wake: Condvar::new(),
+                        name: channel.to_owned(),
+                        sub_seq: out.next_seq,
+                        latches: Mutex::new(HashMap::new()),
                     });
-                    map.insert(name.to_owned(), Arc::clone(&c));
+                    out.push(&cmd, Some(Arc::clone(&c)));
+                    drop(out);
+                    map.insert(channel.to_owned(), Arc::clone(&c));
                     (c, true)
                 }
-            }
+            };
+            let latch = Arc::clone(
+                chan.latches
+                    .lock()
+                    .entry(lock.to_owned())
+                    .or_insert_with(|| Arc::new(Latch::new())),
+            );
+            latch.state.lock().waiters += 1;
+            (chan, latch, created)
         };
         if created {
             inner.flush();
         }
+        let subscription = Subscription {
+            pubsub: self,
+            channel: chan,
+            lock: lock.to_owned(),
+            latch,
+            held: Cell::new(false),
+        };
         let now = Instant::now();
         let mut until = now.checked_add(inner.response_timeout).unwrap_or(now);
         if let Some(d) = deadline {
             until = until.min(d);
         }
-        inner.wait_acked(channel.sub_seq, until);
-        Ok(Subscription {
-            pubsub: self,
-            name: name.to_owned(),
-            channel,
-        })
+        let acked = inner.wait_acked(subscription.channel.sub_seq, until);
+        subscription.check()?;
+        if !acked {
+            // No answer in time: the link may be silent. Find out now rather
+            // than at the next idle PING.
+            inner.suspect();
+        }
+        Ok(subscription)
     }
 }
 
@@ -299,33 +543,60 @@ impl Drop for PubSub {
     }
 }
 
-/// A waiter's subscription to one release channel; unsubscribes on drop.
+/// A waiter's subscription to one lock's release channel; unsubscribes on
+/// drop, and passes on a wake-up it took but did not use.
 pub(crate) struct Subscription<'a> {
     pubsub: &'a PubSub,
-    name: String,
     channel: Arc<Channel>,
+    lock: String,
+    latch: Arc<Latch>,
+    /// A wake-up was taken and its retry has not been answered yet.
+    held: Cell<bool>,
 }
 
 impl Subscription<'_> {
-    /// Waits for a release message (or a reconnect) until `until`; `true` if
-    /// woken by one, `false` on timeout.
-    pub(crate) fn wait_until(&self, until: Instant) -> bool {
-        let mut permits = self.channel.permits.lock();
-        while *permits == 0 {
-            if self
-                .channel
-                .wake
-                .wait_until(&mut permits, until)
-                .timed_out()
-            {
-                if *permits == 0 {
-                    return false;
+    /// Waits for a wake-up (a release message on this lock's channel, or a
+    /// reconnect) until `until`. `Ok(true)`: woken; the waiter now holds the
+    /// wake-up and calls [`used`](Subscription::used) once its retry got an
+    /// answer from Redis. A wake-up still held when the subscription is
+    /// dropped is passed on to another waiter of the same lock in this
+    /// process, if any. `Ok(false)`: timed out.
+    ///
+    /// Errors: Redis refused the channel's SUBSCRIBE.
+    pub(crate) fn wait_until(&self, until: Instant) -> Result<bool> {
+        // Waiting again means the retry after the last wake-up was answered.
+        self.held.set(false);
+        let mut state = self.latch.state.lock();
+        loop {
+            if let Some(e) = &state.failed {
+                return Err(Error::Redis(e.clone()));
+            }
+            if state.permits > 0 {
+                state.permits -= 1;
+                self.held.set(true);
+                return Ok(true);
+            }
+            if self.latch.wake.wait_until(&mut state, until).timed_out() {
+                if let Some(e) = &state.failed {
+                    return Err(Error::Redis(e.clone()));
                 }
-                break;
+                if state.permits == 0 {
+                    return Ok(false);
+                }
             }
         }
-        *permits -= 1;
-        true
+    }
+
+    /// The retry after the last wake-up got an answer: nothing to pass on.
+    pub(crate) fn used(&self) {
+        self.held.set(false);
+    }
+
+    fn check(&self) -> Result<()> {
+        match &self.latch.state.lock().failed {
+            Some(e) => Err(Error::Redis(e.clone())),
+            None => Ok(()),
+        }
     }
 }
 
@@ -334,16 +605,36 @@ impl Drop for Subscription<'_> {
         let inner = &*self.pubsub.inner;
         let queued = {
             let mut map = inner.channels.lock();
-            if self.channel.refs.fetch_sub(1, Ordering::AcqRel) == 1
+            let mut latches = self.channel.latches.lock();
+            let remaining = {
+                let mut state = self.latch.state.lock();
+                state.waiters = state.waiters.saturating_sub(1);
+                if self.held.get() && state.waiters > 0 && state.failed.is_none() {
+                    // The wake-up was not used (the retry failed): another
+                    // waiter of this lock may find it free.
+                    state.permits = (state.permits + 1).min(state.waiters);
+                    self.latch.wake.notify_one();
+                }
+                state.waiters
+            };
+            if remaining == 0
+                && latches
+                    .get(&self.lock)
+                    .is_some_and(|l| Arc::ptr_eq(l, &self.latch))
+            {
+                latches.remove(&self.lock);
+            }
+            if latches.is_empty()
                 && map
-                    .get(&self.name)
+                    .get(&self.channel.name)
                     .is_some_and(|c| Arc::ptr_eq(c, &self.channel))
             {
-                map.remove(&self.name);
-                inner.queue(
+                map.remove(&self.channel.name);
+                inner.out.lock().push(
                     &redis::cmd("UNSUBSCRIBE")
-                        .arg(&self.name)
+                        .arg(&self.channel.name)
                         .get_packed_command(),
+                    None,
                 );
                 true
             } else {
@@ -357,14 +648,22 @@ impl Drop for Subscription<'_> {
 }
 
 enum Reply {
+    /// The reply to a SUBSCRIBE or UNSUBSCRIBE.
     Ack,
+    /// The reply to a PING (`+PONG`, or `pong` in subscribed mode).
+    Pong,
+    /// An error reply to whatever command is next in line.
+    Refused(redis::ServerError),
     Message(String),
     Other,
 }
 
 fn classify(v: redis::Value) -> Reply {
-    let redis::Value::Array(items) = v else {
-        return Reply::Other;
+    let items = match v {
+        redis::Value::Array(items) => items,
+        redis::Value::SimpleString(s) if s.eq_ignore_ascii_case("pong") => return Reply::Pong,
+        redis::Value::ServerError(e) => return Reply::Refused(e),
+        _ => return Reply::Other,
     };
     let kind = match items.first() {
         Some(redis::Value::BulkString(k)) => k.as_slice(),
@@ -372,6 +671,7 @@ fn classify(v: redis::Value) -> Reply {
     };
     match kind {
         b"subscribe" | b"unsubscribe" => Reply::Ack,
+        b"pong" => Reply::Pong,
         b"message" => match items.get(1) {
             Some(redis::Value::BulkString(ch)) => match String::from_utf8(ch.clone()) {
                 Ok(ch) => Reply::Message(ch),
@@ -383,17 +683,47 @@ fn classify(v: redis::Value) -> Reply {
     }
 }
 
-impl Inner {
-    /// Queues a command; returns its sequence number. Callers hold the channel
-    /// map's lock, so commands for one channel are queued in map order.
-    fn queue(&self, cmd: &[u8]) -> u64 {
-        let mut out = self.out.lock();
-        let seq = out.next_seq;
-        out.next_seq += 1;
-        out.buf.extend_from_slice(cmd);
-        seq
-    }
+/// `+PONG`, the reply to a PING outside subscribed mode.
+fn is_pong(v: &redis::Value) -> bool {
+    matches!(v, redis::Value::SimpleString(s) if s.eq_ignore_ascii_case("pong"))
+}
 
+/// An error reply as Redis wrote it, e.g. `NOPERM User u has no permissions ...`.
+fn server_error_text(e: &redis::ServerError) -> String {
+    match e.details() {
+        Some(d) => format!("{} {d}", e.code()),
+        None => e.code().to_owned(),
+    }
+}
+
+/// The error the waiters of a refused SUBSCRIBE get.
+fn refused_error(channel: &str, e: &redis::ServerError) -> redis::RedisError {
+    let kind = e
+        .kind()
+        .map_or(redis::ErrorKind::Extension, redis::ErrorKind::Server);
+    let what = server_error_text(e);
+    let hint = if e.code() == "NOPERM" {
+        GRANT_HINT
+    } else {
+        "waiting for this lock needs its release channel"
+    };
+    redis::RedisError::from((
+        kind,
+        "redis refused SUBSCRIBE",
+        format!("{channel}: {what}; {hint}"),
+    ))
+}
+
+/// `d` scaled by a random factor in [0.5, 1.5), so that clients cut off
+/// together do not come back in step. `RandomState` is randomly keyed (and
+/// re-keyed per instance), which is random enough for this.
+fn jittered(d: Duration) -> Duration {
+    let r = std::collections::hash_map::RandomState::new().hash_one(Instant::now());
+    let unit = (r >> 11) as f64 / (1u64 << 53) as f64;
+    d.mul_f64(0.5 + unit)
+}
+
+impl Inner {
     /// Writes what is queued, unless another thread is already doing so (it
     /// will take our commands too). No lock is held during the write.
     fn flush(&self) {
@@ -439,75 +769,174 @@ impl Inner {
         true
     }
 
+    fn set_acked(&self, seq: u64) {
+        let mut acked = self.acked.lock();
+        *acked = (*acked).max(seq + 1);
+        self.acked_cv.notify_all();
+    }
+
+    /// Checks the connection with a PING now (unless one is on its way).
+    fn suspect(&self) {
+        let queued = {
+            let mut out = self.out.lock();
+            out.ping_sent.is_none() && out.ping(Instant::now())
+        };
+        if queued {
+            self.flush();
+        }
+    }
+
+    /// Redis refused the SUBSCRIBE of `channel`: its waiters get the error
+    /// and the entry goes, so that a later waiter tries again.
+    fn fail_channel(&self, channel: &Channel, e: &redis::ServerError) {
+        let err = refused_error(&channel.name, e);
+        log::warn!("redlease-pubsub: {err}");
+        let latches = {
+            let mut map = self.channels.lock();
+            if map
+                .get(&channel.name)
+                .is_some_and(|c| std::ptr::eq(Arc::as_ptr(c), channel))
+            {
+                map.remove(&channel.name);
+            }
+            channel.latches()
+        };
+        for latch in latches {
+            latch.fail(&err);
+        }
+    }
+
     fn run(self: Arc<Self>, stop: Receiver<()>) {
         let mut backoff = MIN_BACKOFF;
         let mut connected_before = false;
+        let mut last_fast: Option<Instant> = None;
+        let mut pause: Option<Duration> = None;
         while !self.shutdown.load(Ordering::Acquire) {
+            if let Some(d) = pause.take() {
+                match stop.recv_timeout(d) {
+                    Err(RecvTimeoutError::Timeout) => {}
+                    _ => break,
+                }
+                continue;
+            }
             match self.connect() {
-                Ok((stream, reader)) => {
-                    backoff = MIN_BACKOFF;
+                Ok((stream, parser)) => {
                     if connected_before {
                         self.reconnects.fetch_add(1, Ordering::Relaxed);
                         log::info!("redlease-pubsub: reconnected to redis");
                     }
                     connected_before = true;
-                    let err = self.serve(stream, reader);
+                    let err = self.serve(&stream, parser);
+                    stream.shutdown();
                     if self.shutdown.load(Ordering::Acquire) {
                         break;
                     }
-                    log::warn!("redlease-pubsub: connection lost ({err}); reconnecting");
+                    // The connection had proven itself: replace it at once,
+                    // unless that was done less than a second ago (a server
+                    // that answers and then drops us must not make us spin).
+                    let now = Instant::now();
+                    if last_fast.is_none_or(|t| now.duration_since(t) >= FAST_RECONNECT_EVERY) {
+                        last_fast = Some(now);
+                        backoff = MIN_BACKOFF;
+                        log::warn!("redlease-pubsub: connection lost ({err}); reconnecting");
+                    } else {
+                        let d = jittered(backoff);
+                        log::warn!(
+                            "redlease-pubsub: connection lost ({err}); reconnecting in {d:?}"
+                        );
+                        backoff = (backoff * 2).min(MAX_BACKOFF);
+                        pause = Some(d);
+                    }
                 }
                 Err(e) => {
-                    log::warn!(
-                        "redlease-pubsub: cannot connect to redis ({e}); retrying in {backoff:?}"
-                    );
-                    match stop.recv_timeout(backoff) {
-                        Err(RecvTimeoutError::Timeout) => {}
-                        _ => break,
-                    }
+                    let d = jittered(backoff);
+                    log::warn!("redlease-pubsub: {e}; retrying in {d:?}");
                     backoff = (backoff * 2).min(MAX_BACKOFF);
+                    pause = Some(d);
                 }
             }
         }
         log::debug!("redlease-pubsub: stopped");
     }
 
-    fn connect(&self) -> redis::RedisResult<(Arc<Stream>, BufReader<StreamReader>)> {
-        let stream = Arc::new(Stream::connect(&self.target.addr, self.connect_timeout)?);
-        stream.set_timeouts(Some(self.response_timeout), Some(self.response_timeout))?;
-        let mut reader = BufReader::new(StreamReader(Arc::clone(&stream)));
+    /// Connects and has the connection prove itself: AUTH (if configured)
+    /// and PING, both answered within the response timeout. On failure,
+    /// returns what to log.
+    fn connect(&self) -> std::result::Result<(Arc<Stream>, redis::Parser), String> {
+        let stream = Stream::connect(&self.target.addr, self.connect_timeout)
+            .map_err(|e| format!("cannot connect to redis ({e})"))?;
+        let timeout = Some(self.response_timeout);
+        stream
+            .set_read_timeout(timeout)
+            .and_then(|()| stream.set_write_timeout(timeout))
+            .map_err(|e| format!("cannot set up the connection to redis ({e})"))?;
+        let mut hello = Vec::new();
+        let mut expect = Vec::new();
         if let Some(password) = &self.target.password {
             let mut auth = redis::cmd("AUTH");
             if let Some(user) = &self.target.username {
                 auth.arg(user);
             }
             auth.arg(password);
-            stream.write_all(&auth.get_packed_command())?;
-            if let redis::Value::ServerError(e) = redis::Parser::new().parse_value(&mut reader)? {
-                return Err(e.into());
-            }
+            hello.extend_from_slice(&auth.get_packed_command());
+            expect.push("AUTH");
         }
-        // Reads block until a message comes; writes stay bounded.
-        stream.set_timeouts(None, Some(self.response_timeout))?;
-        Ok((stream, reader))
+        hello.extend_from_slice(&redis::cmd("PING").get_packed_command());
+        expect.push("PING");
+        let mut parser = redis::Parser::new();
+        let written = stream.write_all(&hello);
+        for what in expect {
+            // Also after a failed write: the server may have said why it
+            // drops us (e.g. "ERR max number of clients reached").
+            let reply = parser.parse_value(PlainReader(&stream));
+            let refused = match reply {
+                Ok(redis::Value::ServerError(e)) => e,
+                Ok(_) if written.is_err() => break,
+                Ok(redis::Value::Okay) if what == "AUTH" => continue,
+                Ok(v) if what == "PING" && is_pong(&v) => continue,
+                Ok(_) => return Err(format!("unexpected reply to {what} from redis")),
+                Err(e) => {
+                    return Err(match written {
+                        Err(w) => format!("cannot talk to redis ({w})"),
+                        Ok(()) => format!("no answer to {what} from redis ({e})"),
+                    })
+                }
+            };
+            return Err(format!(
+                "redis refused the subscriber connection: {}",
+                server_error_text(&refused)
+            ));
+        }
+        if let Err(e) = written {
+            return Err(format!("cannot talk to redis ({e})"));
+        }
+        // Reads are bounded by the liveness checks from here on; writes stay
+        // bounded by the response timeout.
+        Ok((Arc::new(stream), parser))
     }
 
     /// Subscribes every channel with waiters on the new connection, then reads
     /// until the connection fails; returns that failure.
-    fn serve(&self, stream: Arc<Stream>, mut reader: BufReader<StreamReader>) -> redis::RedisError {
+    fn serve(&self, stream: &Arc<Stream>, mut parser: redis::Parser) -> redis::RedisError {
         let resubscribed_at = {
             let map = self.channels.lock();
             let mut out = self.out.lock();
             out.buf.clear();
-            out.stream = Some(Arc::clone(&stream));
+            out.sent.clear();
+            out.ping_sent = None;
+            out.stream = Some(Arc::clone(stream));
             // Whatever was queued for the old connection is void: let its
             // waiters go (they retry and then wait bounded by the lease).
-            *self.acked.lock() = out.next_seq;
-            self.acked_cv.notify_all();
-            for name in map.keys() {
-                out.next_seq += 1;
-                out.buf
-                    .extend_from_slice(&redis::cmd("SUBSCRIBE").arg(name).get_packed_command());
+            {
+                let mut acked = self.acked.lock();
+                *acked = out.next_seq;
+                self.acked_cv.notify_all();
+            }
+            for c in map.values() {
+                out.push(
+                    &redis::cmd("SUBSCRIBE").arg(&c.name).get_packed_command(),
+                    Some(Arc::clone(c)),
+                );
             }
             (!map.is_empty()).then_some(out.next_seq)
         };
@@ -516,42 +945,78 @@ impl Inner {
         }
         self.flush();
         let mut pending_wake = resubscribed_at;
-        let mut parser = redis::Parser::new();
+        let mut reader = LiveReader {
+            inner: self,
+            stream,
+            last_rx: Instant::now(),
+        };
         let err = loop {
             let value = match parser.parse_value(&mut reader) {
                 Ok(v) => v,
                 Err(e) => break e,
             };
-            match classify(value) {
-                Reply::Ack => {
-                    let acked = {
-                        let mut acked = self.acked.lock();
-                        *acked += 1;
-                        *acked
-                    };
-                    self.acked_cv.notify_all();
-                    if pending_wake.is_some_and(|at| acked >= at) {
-                        pending_wake = None;
-                        // A release may have been published while we were
-                        // away: every waiter retries once.
-                        let channels: Vec<_> = self.channels.lock().values().cloned().collect();
-                        for c in channels {
-                            c.release(true);
-                        }
-                    }
-                }
+            let reply = classify(value);
+            let answered = match reply {
                 Reply::Message(name) => {
                     let channel = self.channels.lock().get(&name).cloned();
                     if let Some(c) = channel {
-                        c.release(false);
+                        // The payload does not say which lock was released:
+                        // one waiter of each lock on the channel retries.
+                        for latch in c.latches() {
+                            latch.release(false);
+                        }
+                    }
+                    continue;
+                }
+                Reply::Other => continue,
+                Reply::Ack | Reply::Pong | Reply::Refused(_) => {
+                    let mut out = self.out.lock();
+                    let front = out.sent.pop_front();
+                    if matches!(front, Some(Sent::Ping)) {
+                        // Any answer to the PING shows the link is alive.
+                        out.ping_sent = None;
+                    }
+                    front
+                }
+            };
+            match (reply, answered) {
+                (Reply::Ack, Some(Sent::Command { seq, .. })) => self.set_acked(seq),
+                (Reply::Refused(e), Some(Sent::Command { seq, subscribe })) => {
+                    match subscribe {
+                        Some(c) => self.fail_channel(&c, &e),
+                        None => log::warn!("redlease-pubsub: redis refused UNSUBSCRIBE ({e})"),
+                    }
+                    self.set_acked(seq);
+                }
+                (Reply::Pong, Some(Sent::Ping)) => {}
+                (Reply::Refused(e), Some(Sent::Ping)) => {
+                    log::debug!("redlease-pubsub: redis refused PING ({e})");
+                }
+                _ => {
+                    break redis::RedisError::from((
+                        redis::ErrorKind::Parse,
+                        "reply out of order on the subscriber connection",
+                    ))
+                }
+            }
+            if pending_wake.is_some_and(|at| *self.acked.lock() >= at) {
+                pending_wake = None;
+                // A release may have been published while we were away:
+                // every waiter retries once.
+                let channels: Vec<_> = self.channels.lock().values().cloned().collect();
+                for c in channels {
+                    for latch in c.latches() {
+                        latch.release(true);
                     }
                 }
-                Reply::Other => {}
             }
         };
         let mut out = self.out.lock();
-        if out.stream.as_ref().is_some_and(|s| Arc::ptr_eq(s, &stream)) {
+        if out.stream.as_ref().is_some_and(|s| Arc::ptr_eq(s, stream)) {
             out.stream = None;
+            out.buf.clear();
+            out.sent.clear();
+            out.ping_sent = None;
         }
         err
     }

@@ -9,3 +9,5 @@ mod support;
 mod lease;
 #[path = "correctness/safety.rs"]
 mod safety;
+#[path = "correctness/pubsub.rs"]
+mod pubsub;

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use redlease::{Client, LockGuard};
 
+use crate::faults_common::figure;
 use crate::support::{wait_until, Fault, Proxy, RedisServer};
 
 /// A bound for waits on something that happens within a few hundred ms.
@@ -223,6 +224,11 @@ fn a_zombie_renewal_cannot_extend_a_later_hold() {
         ms == -2
     });
     let lived = started.elapsed();
+    figure(&format!(
+        "zombie renewal held back 500 ms: fixed 1 s lease ran out {} ms after it was taken, \
+         highest PTTL {max_pttl} ms",
+        lived.as_millis()
+    ));
     assert!(
         max_pttl <= 1000,
         "a renewal of the old hold extended the new one: PTTL {max_pttl} ms"
@@ -274,11 +280,15 @@ fn a_release_refused_with_busy_is_completed_once_redis_answers() {
     wait_until("the refused release to be completed", WAIT, || {
         srv.cmd(&["EXISTS", "busy:release"]) == "0"
     });
+    let took = after_busy.elapsed();
     assert!(
-        after_busy.elapsed() < Duration::from_secs(3),
-        "completed {:?} after redis answered again",
-        after_busy.elapsed()
+        took < Duration::from_secs(3),
+        "completed {took:?} after redis answered again"
     );
+    figure(&format!(
+        "release refused with BUSY (lease 30 s): completed {} ms after the long script ended",
+        took.as_millis()
+    ));
 }
 
 /// Defect 9: renewals run but their replies are lost; the watchdog declares
@@ -307,6 +317,10 @@ fn dropping_a_guard_declared_lost_releases_what_redis_still_holds() {
     assert!(left > 500, "the renewals ran: PTTL {left} ms");
     let err = g.unlock().expect_err("a lost guard reports the loss");
     assert!(err.is_lock_lost(), "{err:?}");
+    figure(&format!(
+        "hold declared lost while redis still held it ({left} ms of lease left): released by \
+         the guard's unlock"
+    ));
     assert_eq!(
         srv.cmd(&["EXISTS", "lost:held"]),
         "0",
