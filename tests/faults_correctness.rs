@@ -7,7 +7,7 @@ mod support;
 
 #[path = "correctness/lease.rs"]
 mod lease;
-#[path = "correctness/safety.rs"]
-mod safety;
 #[path = "correctness/pubsub.rs"]
 mod pubsub;
+#[path = "correctness/safety.rs"]
+mod safety;
