@@ -1022,6 +1022,20 @@ impl Proxy {
         ids
     }
 
+    /// Closes one open connection (both sockets shut down at once); `false`
+    /// if no such connection is open.
+    pub fn cut_connection(&self, conn: u64) -> bool {
+        let pair = lock(&self.shared.pairs).remove(&conn);
+        match pair {
+            Some(pair) => {
+                pair.close();
+                self.shared.wake();
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Black-holes one open connection from now on: nothing is forwarded in
     /// either direction, and both sockets stay open (no FIN, no RST).
     /// `false` if no such connection is open.
