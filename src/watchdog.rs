@@ -314,10 +314,12 @@ impl Inner {
             let e = entry.remove();
             if let Some(hold) = e.hold.upgrade() {
                 let mut sched = hold.sched.lock();
+                // The token first: a last watched guard released after this
+                // check changes the epoch (and the generation in Redis).
+                let token = hold.renew_token();
                 if hold.is_watched() {
                     *sched = Sched::InFlight(None);
                     drop(sched);
-                    let token = hold.renew_token();
                     batch.push(Renewal {
                         hold,
                         interval: e.interval,

@@ -9,18 +9,23 @@
 -- Returns nil when the field is gone (not held: expired or deleted), 0 when
 -- holds remain, 1 when the lock was deleted and one waiter per process woken.
 -- A retry or a late copy of the same request (same latch) returns the first
--- answer again, so a release whose reply was lost is never applied twice nor
--- reported "not held"; an owner's later operation sets the latch of its
--- unsettled releases first, so their late copies cannot touch a later hold.
+-- answer again, "not held" included, so a release whose reply was lost is
+-- never applied twice nor reported "not held", and a copy that arrives after
+-- the owner took the lock again cannot touch that later hold; an owner's
+-- later operation sets the latch of its unsettled releases first, too.
 for i = 4, #KEYS do
     redis.call('set', KEYS[i], 1, 'px', ARGV[6])
 end
 local done = redis.call('get', KEYS[3])
 if done then
+    if done == 'n' then
+        return nil
+    end
     return tonumber(done)
 end
 if tonumber(ARGV[2]) > 0 then
     if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
+        redis.call('set', KEYS[3], 'n', 'px', ARGV[4])
         return nil
     end
     redis.call('hset', KEYS[1], ARGV[1], ARGV[2], ARGV[1] .. ':gen', ARGV[5])
@@ -31,6 +36,7 @@ end
 -- The owner's fields are the only ones a lock hash has: removing them removes
 -- the key (as Redisson's DEL does), and tells whether we held it, in one call.
 if redis.call('hdel', KEYS[1], ARGV[1], ARGV[1] .. ':gen') == 0 then
+    redis.call('set', KEYS[3], 'n', 'px', ARGV[4])
     return nil
 end
 redis.call('publish', KEYS[2], 0)

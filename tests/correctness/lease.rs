@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use redlease::{Client, LockGuard};
 
-use crate::faults_common::figure;
+use crate::faults_common::{figure, is_script_call, Monitor};
 use crate::support::{wait_until, Fault, Proxy, RedisServer};
 
 /// A bound for waits on something that happens within a few hundred ms.
@@ -239,6 +239,51 @@ fn a_zombie_renewal_cannot_extend_a_later_hold() {
     );
     assert!(fixed.is_lost());
     assert_eq!(a.stats().watchdog_entries, 0);
+}
+
+/// Found by the randomized safety test: a full release whose request was
+/// held up on the network timed out; its settling ran first, found the lock
+/// no longer held (the lease had run out) and answered "not held" without
+/// setting the release's latch; the owner took the lock again; then the
+/// held-up copy reached Redis, found no latch, and deleted the owner's new
+/// hold (another client could take it while the owner's guard said Ok). Now
+/// "not held" is latched like the other answers.
+#[test]
+fn a_late_copy_of_a_release_that_found_nothing_cannot_free_the_next_hold() {
+    let srv = server();
+    let proxy = Proxy::start(srv.addr());
+    let a = Client::builder(&proxy.url())
+        .response_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let lock = a.lock("late:release");
+    let g = lock.lock_with_lease(Duration::from_millis(100)).unwrap();
+    wait_until("the 100 ms lease to run out", WAIT, || {
+        srv.cmd(&["EXISTS", "late:release"]) == "0"
+    });
+    let mut monitor = Monitor::start(&srv);
+    let release = String::from_utf8(release_sha()).unwrap();
+    let is_release = |line: &str| is_script_call(line, &release);
+    let rule = proxy.add_rule(
+        &release_sha(),
+        Fault::DelayRequest(Duration::from_millis(900)),
+        1,
+    );
+    let err = g.unlock().expect_err("the release times out");
+    assert_eq!(proxy.hits(rule), 1);
+    assert!(err.is_timeout() || err.is_lock_lost(), "{err:?}");
+    // The settling release runs (and finds nothing), then the owner takes
+    // the lock again, then the held-up copy arrives.
+    monitor.wait_for("the settling release", is_release, 1);
+    let again = lock.lock_with_lease(Duration::from_secs(10)).unwrap();
+    monitor.wait_for("the held-up copy of the release", is_release, 1);
+    assert_eq!(
+        srv.cmd(&["EXISTS", "late:release"]),
+        "1",
+        "the late copy freed the owner's next hold"
+    );
+    again.ensure_held().unwrap();
+    again.unlock().unwrap();
 }
 
 /// Defect 4: a release answered by BUSY (a long script elsewhere) was never

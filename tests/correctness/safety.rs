@@ -52,11 +52,17 @@ impl Rng {
 /// An interval in which one owner believed it held a lock: from the return
 /// of the acquire call to the start of its last `ensure_held()` that said Ok
 /// (both conservative, so a reported overlap is a real one).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Span {
     owner: (usize, usize),
     from: Instant,
     to: Instant,
+    /// How the lock was taken, and what happened in the span (for a report).
+    how: [u8; 4],
+    /// `valid_until()` at the last check that said Ok, after `from`.
+    valid_ms: u128,
+    /// What this owner did in this span and the one before, for a report.
+    log: Arc<Vec<String>>,
 }
 
 fn sha(source: &str) -> Vec<u8> {
@@ -151,11 +157,20 @@ fn randomized_faults_never_let_two_holders_believe_at_once() {
             );
             let mut rng = Rng::new(seed ^ (((c as u64) << 32) | (t as u64 + 1)));
             workers.push(thread::spawn(move || {
+                let t0 = Instant::now();
+                let mut log: Vec<String> = Vec::new();
                 while Instant::now() < deadline {
+                    if log.len() > 60 {
+                        log.drain(..log.len() - 30);
+                    }
+                    let mut note = |what: String| {
+                        log.push(format!("{:>8} us {what}", t0.elapsed().as_micros()));
+                    };
                     let name = LOCKS[rng.below(2) as usize];
                     let lock = client.lock(name);
                     let wait = rng.ms(0, 200);
-                    let acquired = match rng.below(4) {
+                    let kind = rng.below(4);
+                    let acquired = match kind {
                         0 => lock.try_lock_for(wait),
                         1 => lock.try_lock(),
                         _ => lock.try_lock_with_lease(wait, rng.ms(30, 200)),
@@ -163,16 +178,24 @@ fn randomized_faults_never_let_two_holders_believe_at_once() {
                     let guard = match acquired {
                         Ok(Some(g)) => g,
                         Ok(None) => continue,
-                        Err(_) => {
+                        Err(e) => {
+                            note(format!("{name} outer {kind} error {e}"));
                             errors.fetch_add(1, Ordering::Relaxed);
                             continue;
                         }
                     };
+                    note(format!(
+                        "{name} outer {kind} acquired, valid {:?}",
+                        guard
+                            .valid_until()
+                            .saturating_duration_since(Instant::now())
+                    ));
                     let from = Instant::now();
                     acquisitions.fetch_add(1, Ordering::Relaxed);
                     // Mostly re-enter, with either lease kind: releasing the
                     // re-entry changes the lease the outer guard relies on.
-                    let inner = match rng.below(4) {
+                    let inner_kind = rng.below(4);
+                    let inner = match inner_kind {
                         0 | 1 => lock.try_lock().ok().flatten(),
                         2 => lock
                             .try_lock_with_lease(Duration::ZERO, rng.ms(20, 200))
@@ -180,18 +203,41 @@ fn randomized_faults_never_let_two_holders_believe_at_once() {
                             .flatten(),
                         _ => None,
                     };
+                    note(format!(
+                        "inner {inner_kind}: {}, valid {:?}",
+                        inner.is_some(),
+                        guard
+                            .valid_until()
+                            .saturating_duration_since(Instant::now())
+                    ));
                     let mut inner = inner;
                     let mut to = None;
+                    let mut valid_ms = 0;
+                    let mut inner_released = b'-';
                     for _ in 0..rng.below(15) + 1 {
                         let before = Instant::now();
+                        let valid = guard.valid_until();
                         if guard.ensure_held().is_err() {
+                            note("check lost".into());
                             break;
                         }
+                        note(format!(
+                            "check ok, valid {:?}",
+                            valid.saturating_duration_since(before)
+                        ));
                         checks.fetch_add(1, Ordering::Relaxed);
                         to = Some(before);
+                        valid_ms = valid.saturating_duration_since(from).as_millis();
                         if rng.below(3) == 0 {
                             if let Some(g) = inner.take() {
-                                let _ = g.unlock();
+                                let r = g.unlock();
+                                note(format!(
+                                    "inner unlock {r:?}, valid {:?}",
+                                    guard
+                                        .valid_until()
+                                        .saturating_duration_since(Instant::now())
+                                ));
+                                inner_released = if r.is_ok() { b'r' } else { b'e' };
                             }
                         }
                         thread::sleep(rng.ms(0, 15)); // the critical section's work
@@ -201,10 +247,19 @@ fn randomized_faults_never_let_two_holders_believe_at_once() {
                             owner: (c, t),
                             from,
                             to,
+                            how: [
+                                b"fnLL"[kind as usize],
+                                b"wwL-"[inner_kind as usize],
+                                if inner.is_some() { b'i' } else { b'-' },
+                                inner_released,
+                            ],
+                            valid_ms,
+                            log: Arc::new(log.clone()),
                         });
                     }
                     drop(inner);
-                    let _ = guard.unlock();
+                    let r = guard.unlock();
+                    log.push(format!("{:>8} us unlock {r:?}", t0.elapsed().as_micros()));
                 }
             }));
         }
@@ -216,7 +271,7 @@ fn randomized_faults_never_let_two_holders_believe_at_once() {
     let fired = injector.join().expect("the injector panicked");
 
     let spans = spans.lock().unwrap();
-    let mut violations = Vec::new();
+    let mut violations: Vec<String> = Vec::new();
     for (name, list) in spans.iter() {
         let mut list = list.clone();
         list.sort_by_key(|s| s.from);
@@ -226,7 +281,23 @@ fn randomized_faults_never_let_two_holders_believe_at_once() {
                     break;
                 }
                 if a.owner != b.owner && a.to > b.from && b.to > a.from {
-                    violations.push((name.to_string(), *a, *b));
+                    let show = |s: &Span| {
+                        format!(
+                            "owner {:?} how {} held {} ms (valid to +{} ms) from +{} ms",
+                            s.owner,
+                            String::from_utf8_lossy(&s.how),
+                            s.to.duration_since(s.from).as_millis(),
+                            s.valid_ms,
+                            s.from.duration_since(a.from).as_millis()
+                        )
+                    };
+                    violations.push(format!(
+                        "{name}: [{}] and [{}]\n--- first:\n{}\n--- second:\n{}",
+                        show(a),
+                        show(b),
+                        a.log.join("\n"),
+                        b.log.join("\n")
+                    ));
                 }
             }
         }
@@ -244,7 +315,7 @@ fn randomized_faults_never_let_two_holders_believe_at_once() {
     assert!(fired > 0, "no fault was ever injected");
     assert!(
         violations.is_empty(),
-        "two holders believed they held the lock at once (seed {seed}): {:?}",
-        &violations[..violations.len().min(5)]
+        "two holders believed they held the lock at once (seed {seed}):\n{}",
+        violations[..violations.len().min(3)].join("\n=====\n")
     );
 }
