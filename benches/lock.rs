@@ -197,7 +197,8 @@ impl RawPair {
                 .arg(cancel)
                 .arg(lease_ms)
                 .arg(&self.field)
-                .arg(1);
+                .arg(1)
+                .arg(self.n); // generation
             let latch = format!(
                 "redisson_unlock_latch:{{{}}}:{}:{}",
                 self.name, self.field, self.n
@@ -211,7 +212,8 @@ impl RawPair {
                 .arg(&self.field)
                 .arg(0)
                 .arg(lease_ms)
-                .arg(8000);
+                .arg(8000)
+                .arg(self.n); // generation
         }
         let acquired: Option<i64> = acquire.query(conn).expect("raw acquire");
         assert_eq!(acquired, None, "raw acquire found the lock busy");

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use redlease::{Client, Result};
 
-use crate::faults_common::{builder, is_acquire_of, numsub, warm_subscriber, Monitor, MARGIN};
+use crate::faults_common::{
+    builder, figure, is_acquire_of, numsub, warm_subscriber, Monitor, MARGIN,
+};
 use crate::support::{wait_until, Fault, Proxy, RedisServer};
 
 /// A bound for waits on something that happens within a few hundred ms.
@@ -121,6 +123,10 @@ fn silent_subscriber_link_is_detected_and_replaced() {
     t.join().expect("waiter thread");
     assert!(got.expect("try_lock_for"), "the waiter got the lock");
     let took = at.saturating_duration_since(released);
+    figure(&format!(
+        "silent subscriber link (response timeout {RT:?}): waiter acquired {} ms after the release",
+        took.as_millis()
+    ));
     assert!(
         took < RT * 3 + MARGIN,
         "the waiter got the lock {took:?} after the release over a silent subscriber link \
@@ -172,6 +178,10 @@ fn reconnects_back_off_while_connections_are_dropped_at_once() {
     assert!(proxy.cut_connection(subscriber[0]));
     thread::sleep(Duration::from_secs(2));
     let attempts = proxy.connections_total() - before;
+    figure(&format!(
+        "server accepting and closing every connection: {attempts} subscriber connection \
+         attempts in 2 s"
+    ));
     assert!(
         (1..40).contains(&attempts),
         "{attempts} connection attempts in 2 s while every connection was dropped at once"
@@ -242,6 +252,10 @@ fn locks_sharing_a_channel_do_not_strand_each_others_waiters() {
     assert_eq!(name, K, "the waiter of the released lock returns first");
     assert!(got.expect("try_lock_for"), "the waiter of k got it");
     let took = at.saturating_duration_since(released);
+    figure(&format!(
+        "k and {{k}} share a channel: k's waiter acquired {} ms after k's release",
+        took.as_millis()
+    ));
     assert!(
         took < MARGIN,
         "the waiter of k got it {took:?} after the release"
@@ -305,6 +319,10 @@ fn wake_up_of_a_failed_retry_is_passed_on() {
         .find(|(_, _, r)| matches!(r, Ok(true)))
         .unwrap_or_else(|| panic!("the other waiter got the lock: {results:?}"));
     let took = at.saturating_duration_since(released);
+    figure(&format!(
+        "woken waiter's retry failed: the other waiter acquired {} ms after the release",
+        took.as_millis()
+    ));
     assert!(
         took < RT * 2 + MARGIN,
         "the other waiter got the lock {took:?} after the release (holder lease 30 s)"
