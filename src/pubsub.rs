@@ -45,7 +45,6 @@
 
 use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
-use std::hash::BuildHasher;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -56,6 +55,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::{Condvar, Mutex};
 
 use crate::error::{Error, Result};
+use crate::watchdog::jitter;
 
 /// First wait before retrying a connection that has not proven itself.
 const MIN_BACKOFF: Duration = Duration::from_millis(20);
@@ -714,15 +714,6 @@ fn refused_error(channel: &str, e: &redis::ServerError) -> redis::RedisError {
     ))
 }
 
-/// `d` scaled by a random factor in [0.5, 1.5), so that clients cut off
-/// together do not come back in step. `RandomState` is randomly keyed (and
-/// re-keyed per instance), which is random enough for this.
-fn jittered(d: Duration) -> Duration {
-    let r = std::collections::hash_map::RandomState::new().hash_one(Instant::now());
-    let unit = (r >> 11) as f64 / (1u64 << 53) as f64;
-    d.mul_f64(0.5 + unit)
-}
-
 impl Inner {
     /// Writes what is queued, unless another thread is already doing so (it
     /// will take our commands too). No lock is held during the write.
@@ -840,7 +831,7 @@ impl Inner {
                         backoff = MIN_BACKOFF;
                         log::warn!("redlease-pubsub: connection lost ({err}); reconnecting");
                     } else {
-                        let d = jittered(backoff);
+                        let d = jitter(backoff, 0.5);
                         log::warn!(
                             "redlease-pubsub: connection lost ({err}); reconnecting in {d:?}"
                         );
@@ -849,7 +840,7 @@ impl Inner {
                     }
                 }
                 Err(e) => {
-                    let d = jittered(backoff);
+                    let d = jitter(backoff, 0.5);
                     log::warn!("redlease-pubsub: {e}; retrying in {d:?}");
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                     pause = Some(d);

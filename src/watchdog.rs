@@ -365,6 +365,7 @@ impl Inner {
                 MIN_SETTLE_DELAY
                     .saturating_mul(1 << tries.min(8))
                     .min(MAX_SETTLE_DELAY),
+                0.25,
             );
             if failed {
                 again.push((Instant::now() + backoff, tries, u));
@@ -529,14 +530,14 @@ impl Inner {
     }
 }
 
-/// `d` scaled by a random factor in [0.75, 1.25), so that many clients
-/// retrying after one failure do not stay in step.
-pub(crate) fn jitter(d: Duration) -> Duration {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(Instant::now().elapsed().as_nanos());
-    let r = h.finish() % 1000;
-    d.mul_f64(0.75 + r as f64 / 2000.0)
+/// `d` scaled by a random factor in `[1 - spread, 1 + spread)`, so that many
+/// clients retrying after one failure do not stay in step. `RandomState` is
+/// randomly keyed per instance, which is random enough for this.
+pub(crate) fn jitter(d: Duration, spread: f64) -> Duration {
+    use std::hash::BuildHasher;
+    let r = std::collections::hash_map::RandomState::new().hash_one(Instant::now());
+    let unit = (r >> 11) as f64 / (1u64 << 53) as f64;
+    d.mul_f64(1.0 - spread + 2.0 * spread * unit)
 }
 
 /// One round trip: a pipeline of renewal scripts, [`CHUNK`] locks each.
