@@ -9,7 +9,8 @@ use std::time::Duration;
 use crate::connection::{Manager, Redis, WarnOnError};
 use crate::error::{Error, Result};
 use crate::lock::{check_lease, duration_ms, Lock, MIN_RENEW_INTERVAL};
-use crate::pubsub::{PubSub, Target};
+use crate::pubsub::PubSub;
+use crate::transport::{Endpoint, TlsOptions};
 use crate::watchdog::{LostCallback, Watchdog};
 
 /// The longest `connection_timeout` or `response_timeout` accepted.
@@ -304,16 +305,17 @@ impl ClientBuilder {
                 MIN_RENEW_INTERVAL * 2
             )));
         }
-        let redis_client = redis::Client::open(self.url.as_str()).map_err(|e| {
+        let info = redis::IntoConnectionInfo::into_connection_info(self.url.as_str()).map_err(|e| {
             Error::InvalidUrl(format!(
                 "{:?}: {e}; use redis://[user:password@]host[:port][/db] or redis+unix:///path",
                 redact(&self.url)
             ))
         })?;
-        let target = Target::from_info(redis_client.get_connection_info())?;
+        let endpoint = Endpoint::new(&info, &TlsOptions::default())
+            .map_err(|e| Error::InvalidUrl(format!("{:?}: {e}", redact(&self.url))))?;
         let epoch = Arc::new(AtomicU64::new(0));
         let manager = Manager::new(
-            redis_client,
+            endpoint.clone(),
             self.connection_timeout,
             self.response_timeout,
             Arc::clone(&epoch),
@@ -350,7 +352,7 @@ impl ClientBuilder {
             uuid: uuid::Uuid::new_v4().to_string(),
             url: redact(&self.url),
             watchdog: Watchdog::new(Arc::clone(&redis), self.on_lock_lost),
-            pubsub: PubSub::new(target, self.connection_timeout, self.response_timeout),
+            pubsub: PubSub::new(endpoint, self.connection_timeout, self.response_timeout),
             redis,
             watchdog_timeout: self.watchdog_timeout,
             latch_ttl_ms: duration_ms(self.response_timeout)

@@ -8,10 +8,11 @@ use std::time::{Duration, Instant};
 use redis::ConnectionLike;
 
 use crate::error::{is_io_failure, Error, Result};
+use crate::transport::{Connection, Endpoint};
 
 /// A pooled connection and the pool epoch it was made in.
 pub(crate) struct Conn {
-    pub(crate) inner: redis::Connection,
+    pub(crate) inner: Connection,
     epoch: u64,
 }
 
@@ -28,7 +29,7 @@ pub(crate) struct Counters {
 /// was made before the last connection failure seen (the pool's epoch), which
 /// is how a Redis restart clears every stale pooled connection at once.
 pub(crate) struct Manager {
-    client: redis::Client,
+    endpoint: Endpoint,
     connect_timeout: Duration,
     response_timeout: Duration,
     epoch: Arc<AtomicU64>,
@@ -54,13 +55,13 @@ impl std::error::Error for ManagerError {}
 
 impl Manager {
     pub(crate) fn new(
-        client: redis::Client,
+        endpoint: Endpoint,
         connect_timeout: Duration,
         response_timeout: Duration,
         epoch: Arc<AtomicU64>,
     ) -> Manager {
         Manager {
-            client,
+            endpoint,
             connect_timeout,
             response_timeout,
             epoch,
@@ -74,15 +75,7 @@ impl r2d2::ManageConnection for Manager {
 
     fn connect(&self) -> Result<Conn, ManagerError> {
         let epoch = self.epoch.load(Ordering::Acquire);
-        let inner = self
-            .client
-            .get_connection_with_timeout(self.connect_timeout)
-            .map_err(ManagerError::Redis)?;
-        inner
-            .set_read_timeout(Some(self.response_timeout))
-            .map_err(ManagerError::Redis)?;
-        inner
-            .set_write_timeout(Some(self.response_timeout))
+        let inner = Connection::open(&self.endpoint, self.connect_timeout, self.response_timeout)
             .map_err(ManagerError::Redis)?;
         Ok(Conn { inner, epoch })
     }
@@ -157,7 +150,7 @@ impl Redis {
     /// attempt's error is returned, so that [`Error::maybe_applied`] holds.
     pub(crate) fn run<T>(
         &self,
-        mut op: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
+        mut op: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
     ) -> Result<T> {
         let mut first_failure: Option<redis::RedisError> = None;
         let mut retries = 0;
@@ -224,9 +217,8 @@ impl Redis {
     }
 }
 
-fn set_timeouts(conn: &redis::Connection, timeout: Duration) -> redis::RedisResult<()> {
-    conn.set_read_timeout(Some(timeout))?;
-    conn.set_write_timeout(Some(timeout))
+fn set_timeouts(conn: &Connection, timeout: Duration) -> std::io::Result<()> {
+    conn.set_timeouts(timeout)
 }
 
 /// The connection can no longer be trusted (it may even get a late reply).

@@ -82,6 +82,7 @@ mod guard;
 mod lock;
 mod pubsub;
 mod scripts;
+mod transport;
 mod watchdog;
 
 pub use crate::client::{Client, ClientBuilder, ClientStats};

@@ -45,8 +45,7 @@
 
 use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::io::{self, Read};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -55,6 +54,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::{Condvar, Mutex};
 
 use crate::error::{Error, Result};
+use crate::transport::{Endpoint, Stream};
 use crate::watchdog::jitter;
 
 /// First wait before retrying a connection that has not proven itself.
@@ -71,119 +71,6 @@ const MAX_PING_INTERVAL: Duration = Duration::from_secs(1);
 /// The hint in the error of a SUBSCRIBE refused for lack of permissions.
 const GRANT_HINT: &str =
     "grant the user the release channels, e.g. ACL SETUSER <user> &redisson_lock__channel:*";
-
-/// Where the subscriber connects and how it authenticates.
-#[derive(Clone)]
-pub(crate) struct Target {
-    addr: Addr,
-    username: Option<String>,
-    password: Option<String>,
-}
-
-#[derive(Clone, Debug)]
-enum Addr {
-    Tcp(String, u16),
-    #[cfg(unix)]
-    Unix(std::path::PathBuf),
-}
-
-impl Target {
-    pub(crate) fn from_info(info: &redis::ConnectionInfo) -> Result<Target> {
-        let addr = match info.addr() {
-            redis::ConnectionAddr::Tcp(host, port) => Addr::Tcp(host.clone(), *port),
-            #[cfg(unix)]
-            redis::ConnectionAddr::Unix(path) => Addr::Unix(path.clone()),
-            other => {
-                return Err(Error::InvalidUrl(format!(
-                    "{other} is not supported yet: use a redis:// or redis+unix:// url"
-                )))
-            }
-        };
-        let settings = info.redis_settings();
-        Ok(Target {
-            addr,
-            username: settings.username().map(str::to_owned),
-            password: settings.password().map(str::to_owned),
-        })
-    }
-}
-
-enum Stream {
-    Tcp(TcpStream),
-    #[cfg(unix)]
-    Unix(std::os::unix::net::UnixStream),
-}
-
-impl Stream {
-    fn connect(addr: &Addr, timeout: Duration) -> io::Result<Stream> {
-        match addr {
-            Addr::Tcp(host, port) => {
-                let mut last = io::Error::new(io::ErrorKind::NotFound, "host has no address");
-                for a in (host.as_str(), *port).to_socket_addrs()? {
-                    match TcpStream::connect_timeout(&a, timeout) {
-                        Ok(s) => {
-                            s.set_nodelay(true)?;
-                            return Ok(Stream::Tcp(s));
-                        }
-                        Err(e) => last = e,
-                    }
-                }
-                Err(last)
-            }
-            #[cfg(unix)]
-            Addr::Unix(path) => Ok(Stream::Unix(std::os::unix::net::UnixStream::connect(path)?)),
-        }
-    }
-
-    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.set_read_timeout(timeout),
-            #[cfg(unix)]
-            Stream::Unix(s) => s.set_read_timeout(timeout),
-        }
-    }
-
-    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.set_write_timeout(timeout),
-            #[cfg(unix)]
-            Stream::Unix(s) => s.set_write_timeout(timeout),
-        }
-    }
-
-    fn shutdown(&self) {
-        let _ = match self {
-            Stream::Tcp(s) => s.shutdown(Shutdown::Both),
-            #[cfg(unix)]
-            Stream::Unix(s) => s.shutdown(Shutdown::Both),
-        };
-    }
-
-    fn write_all(&self, buf: &[u8]) -> io::Result<()> {
-        match self {
-            Stream::Tcp(s) => (&*s).write_all(buf),
-            #[cfg(unix)]
-            Stream::Unix(s) => (&*s).write_all(buf),
-        }
-    }
-
-    fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => (&*s).read(buf),
-            #[cfg(unix)]
-            Stream::Unix(s) => (&*s).read(buf),
-        }
-    }
-}
-
-/// Reads the handshake replies, bounded by the socket's read timeout.
-struct PlainReader<'a>(&'a Stream);
-
-impl Read for PlainReader<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.0.read(buf)
-    }
-}
 
 /// Reads from the serving connection while other threads write to it, and
 /// keeps it honest: the socket's read timeout is the next liveness event
@@ -384,7 +271,7 @@ impl Outbox {
 }
 
 struct Inner {
-    target: Target,
+    endpoint: Endpoint,
     connect_timeout: Duration,
     response_timeout: Duration,
     ping_interval: Duration,
@@ -408,13 +295,13 @@ pub(crate) struct PubSub {
 
 impl PubSub {
     pub(crate) fn new(
-        target: Target,
+        endpoint: Endpoint,
         connect_timeout: Duration,
         response_timeout: Duration,
     ) -> PubSub {
         PubSub {
             inner: Arc::new(Inner {
-                target,
+                endpoint,
                 connect_timeout,
                 response_timeout,
                 ping_interval: response_timeout.clamp(MIN_PING_INTERVAL, MAX_PING_INTERVAL),
@@ -854,52 +741,17 @@ impl Inner {
     /// and PING, both answered within the response timeout. On failure,
     /// returns what to log.
     fn connect(&self) -> std::result::Result<(Arc<Stream>, redis::Parser), String> {
-        let stream = Stream::connect(&self.target.addr, self.connect_timeout)
-            .map_err(|e| format!("cannot connect to redis ({e})"))?;
-        let timeout = Some(self.response_timeout);
-        stream
-            .set_read_timeout(timeout)
-            .and_then(|()| stream.set_write_timeout(timeout))
-            .map_err(|e| format!("cannot set up the connection to redis ({e})"))?;
-        let mut hello = Vec::new();
-        let mut expect = Vec::new();
-        if let Some(password) = &self.target.password {
-            let mut auth = redis::cmd("AUTH");
-            if let Some(user) = &self.target.username {
-                auth.arg(user);
-            }
-            auth.arg(password);
-            hello.extend_from_slice(&auth.get_packed_command());
-            expect.push("AUTH");
-        }
-        hello.extend_from_slice(&redis::cmd("PING").get_packed_command());
-        expect.push("PING");
-        let mut parser = redis::Parser::new();
-        let written = stream.write_all(&hello);
-        for what in expect {
-            // Also after a failed write: the server may have said why it
-            // drops us (e.g. "ERR max number of clients reached").
-            let reply = parser.parse_value(PlainReader(&stream));
-            let refused = match reply {
-                Ok(redis::Value::ServerError(e)) => e,
-                Ok(_) if written.is_err() => break,
-                Ok(redis::Value::Okay) if what == "AUTH" => continue,
-                Ok(v) if what == "PING" && is_pong(&v) => continue,
-                Ok(_) => return Err(format!("unexpected reply to {what} from redis")),
-                Err(e) => {
-                    return Err(match written {
-                        Err(w) => format!("cannot talk to redis ({w})"),
-                        Ok(()) => format!("no answer to {what} from redis ({e})"),
-                    })
-                }
-            };
-            return Err(format!(
-                "redis refused the subscriber connection: {}",
-                server_error_text(&refused)
-            ));
-        }
-        if let Err(e) = written {
-            return Err(format!("cannot talk to redis ({e})"));
+        let ping = redis::cmd("PING").get_packed_command();
+        let (stream, parser, replies) = self
+            .endpoint
+            .connect(
+                self.connect_timeout,
+                self.response_timeout,
+                &[("PING", ping)],
+            )
+            .map_err(|e| format!("cannot connect to redis at {} ({e})", self.endpoint.addr))?;
+        if !replies.first().is_some_and(is_pong) {
+            return Err("unexpected reply to PING from redis".to_owned());
         }
         // Reads are bounded by the liveness checks from here on; writes stay
         // bounded by the response timeout.

@@ -56,7 +56,7 @@ impl Lua {
     /// script cache, e.g. on a restart).
     fn run<T: FromRedisValue>(
         &self,
-        conn: &mut redis::Connection,
+        conn: &mut crate::transport::Connection,
         num_keys: usize,
         fill: impl Fn(&mut Cmd),
     ) -> RedisResult<T> {
@@ -92,7 +92,7 @@ pub(crate) struct LockRef<'a> {
 /// the hold's new generation.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn acquire(
-    conn: &mut redis::Connection,
+    conn: &mut crate::transport::Connection,
     lock: LockRef<'_>,
     marker: &str,
     unsettled: &[&str],
@@ -117,7 +117,7 @@ pub(crate) fn acquire(
 /// [`acquire`].
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn release(
-    conn: &mut redis::Connection,
+    conn: &mut crate::transport::Connection,
     lock: LockRef<'_>,
     latch: &str,
     unsettled: &[&str],
@@ -144,7 +144,7 @@ pub(crate) fn release(
 
 /// cancel_acquire.lua: 1 if an acquisition was undone.
 pub(crate) fn cancel_acquire(
-    conn: &mut redis::Connection,
+    conn: &mut crate::transport::Connection,
     lock: LockRef<'_>,
     marker: &str,
     held: u32,
@@ -166,7 +166,7 @@ pub(crate) fn cancel_acquire(
 /// force_unlock.lua: 1 if a lock was deleted (the first run's answer, also
 /// when a retry of the same request finds the latch).
 pub(crate) fn force_unlock(
-    conn: &mut redis::Connection,
+    conn: &mut crate::transport::Connection,
     name: &str,
     channel: &str,
     latch: &str,

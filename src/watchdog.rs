@@ -544,7 +544,7 @@ pub(crate) fn jitter(d: Duration, spread: f64) -> Duration {
 /// Grouping by connection target (Redis Cluster node / slot) goes in front of
 /// this function; it renews what it is given on one connection.
 fn renew_batch(
-    conn: &mut redis::Connection,
+    conn: &mut crate::transport::Connection,
     batch: &[Renewal],
 ) -> redis::RedisResult<Vec<Outcome>> {
     let gens: Vec<String> = batch

@@ -1,0 +1,782 @@
+//! How a client reaches Redis: one connect path for every connection it
+//! opens, the pool's and the subscriber's alike.
+//!
+//! An [`Endpoint`] is an address (TCP, TLS over TCP, or a Unix socket) plus
+//! the credentials and database to use there. [`Endpoint::connect`] opens a
+//! [`Stream`] within the connection timeout, runs the TLS handshake (one
+//! `rustls` configuration per endpoint, built once: the system's roots are
+//! not reloaded per connection) and then the Redis handshake (`AUTH`,
+//! `SELECT`, plus whatever the caller adds, e.g. `PING`) in one round trip,
+//! bounded by the response timeout. A refused password or permission comes
+//! back as an error naming what Redis said (`WRONGPASS ...`), not as a
+//! timeout.
+//!
+//! A [`Stream`] can be read by one thread while others write to it (the
+//! subscriber does that), TLS included: the TLS session state sits behind a
+//! mutex that is only held to encrypt or decrypt in memory, never across
+//! socket I/O, and encrypted records go out in order through one writer at a
+//! time. [`Connection`] is a [`Stream`] with a RESP parser: what the pool
+//! holds and what redis-rs's commands, scripts and pipelines run on.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use redis::{ConnectionLike, ErrorKind, RedisError, RedisResult, Value};
+
+#[cfg(feature = "tls")]
+pub(crate) use self::tls::TlsOptions;
+
+/// Where to connect.
+#[derive(Clone, Debug)]
+pub(crate) enum Addr {
+    Tcp(String, u16),
+    #[cfg(unix)]
+    Unix(std::path::PathBuf),
+}
+
+impl std::fmt::Display for Addr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Addr::Tcp(host, port) if host.contains(':') => write!(f, "[{host}]:{port}"),
+            Addr::Tcp(host, port) => write!(f, "{host}:{port}"),
+            #[cfg(unix)]
+            Addr::Unix(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+/// A Redis server and how to talk to it.
+#[derive(Clone)]
+pub(crate) struct Endpoint {
+    pub(crate) addr: Addr,
+    #[cfg(feature = "tls")]
+    tls: Option<tls::Tls>,
+    username: Option<String>,
+    password: Option<String>,
+    db: i64,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("Endpoint");
+        d.field("addr", &self.addr);
+        #[cfg(feature = "tls")]
+        d.field("tls", &self.tls.is_some());
+        d.field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("db", &self.db)
+            .finish()
+    }
+}
+
+/// TLS settings when the `tls` feature is off: there are none to give.
+#[cfg(not(feature = "tls"))]
+#[derive(Clone, Debug, Default)]
+pub(crate) struct TlsOptions;
+
+impl Endpoint {
+    /// The endpoint a parsed redis-rs connection info describes.
+    ///
+    /// Errors: a `rediss://` address while the `tls` feature is off, or TLS
+    /// settings that cannot be used (unreadable PEM, a key that does not
+    /// match), or TLS settings given for a plain address.
+    pub(crate) fn new(
+        info: &redis::ConnectionInfo,
+        #[allow(unused_variables)] tls: &TlsOptions,
+    ) -> Result<Endpoint, String> {
+        #[cfg(feature = "tls")]
+        let mut tls_settings = None;
+        let addr = match info.addr() {
+            redis::ConnectionAddr::Tcp(host, port) => {
+                #[cfg(feature = "tls")]
+                if tls.is_set() {
+                    return Err(format!(
+                        "TLS certificates are set but redis://{host}:{port} is a plain \
+                         address: use rediss:// to connect with TLS"
+                    ));
+                }
+                Addr::Tcp(host.clone(), *port)
+            }
+            #[cfg(unix)]
+            redis::ConnectionAddr::Unix(path) => {
+                #[cfg(feature = "tls")]
+                if tls.is_set() {
+                    return Err(format!(
+                        "TLS certificates are set but {} is a Unix socket: drop them or use \
+                         a rediss:// address",
+                        path.display()
+                    ));
+                }
+                Addr::Unix(path.clone())
+            }
+            #[cfg(feature = "tls")]
+            redis::ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure,
+                ..
+            } => {
+                tls_settings = Some(tls::Tls::new(host, *insecure, tls)?);
+                Addr::Tcp(host.clone(), *port)
+            }
+            other => {
+                return Err(format!(
+                    "{other} needs TLS, which this build of redlease lacks: enable its \
+                     `tls` feature (on by default)"
+                ))
+            }
+        };
+        let settings = info.redis_settings();
+        Ok(Endpoint {
+            addr,
+            #[cfg(feature = "tls")]
+            tls: tls_settings,
+            username: settings.username().map(str::to_owned),
+            password: settings.password().map(str::to_owned),
+            db: settings.db(),
+        })
+    }
+
+    /// Opens a stream and runs the handshake: AUTH and SELECT as configured,
+    /// then `extra` (already packed), all written at once; each reply is
+    /// checked, and the replies to `extra` are returned. The TCP connect
+    /// and the TLS handshake are bounded by `connect_timeout`, the Redis
+    /// handshake by `response_timeout`, which stays the socket's read and
+    /// write timeout.
+    pub(crate) fn connect(
+        &self,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+        extra: &[(&'static str, Vec<u8>)],
+    ) -> RedisResult<(Stream, redis::Parser, Vec<Value>)> {
+        let stream = self.open(connect_timeout)?;
+        stream.set_timeouts(Some(response_timeout))?;
+        let mut hello: Vec<(&'static str, Vec<u8>)> = Vec::with_capacity(2 + extra.len());
+        if let Some(password) = &self.password {
+            let mut auth = redis::cmd("AUTH");
+            if let Some(user) = &self.username {
+                auth.arg(user);
+            }
+            auth.arg(password);
+            hello.push(("AUTH", auth.get_packed_command()));
+        }
+        if self.db != 0 {
+            hello.push(("SELECT", redis::cmd("SELECT").arg(self.db).get_packed_command()));
+        }
+        let mut parser = redis::Parser::new();
+        if hello.is_empty() && extra.is_empty() {
+            return Ok((stream, parser, Vec::new()));
+        }
+        let mut buf = Vec::new();
+        for (_, cmd) in hello.iter().chain(extra) {
+            buf.extend_from_slice(cmd);
+        }
+        let written = stream.write_all(&buf);
+        let mut replies = Vec::with_capacity(extra.len());
+        for (i, (what, _)) in hello.iter().chain(extra).enumerate() {
+            // Read also after a failed write: the server may have said why
+            // it drops us (e.g. "ERR max number of clients reached").
+            let reply = match parser.parse_value(&stream) {
+                Ok(v) => v,
+                Err(e) => return Err(written.err().map_or(e, RedisError::from)),
+            };
+            if let Value::ServerError(e) = reply {
+                let text = match e.details() {
+                    Some(d) => format!("{} {d}", e.code()),
+                    None => e.code().to_owned(),
+                };
+                let user = self.username.as_deref().unwrap_or("default");
+                return Err(match *what {
+                    "AUTH" => RedisError::from((
+                        ErrorKind::AuthenticationFailed,
+                        "redis refused the credentials",
+                        format!(
+                            "{text} (user {user:?}): fix the username or password in the url, \
+                             or enable the user with ACL SETUSER"
+                        ),
+                    )),
+                    what => {
+                        let kind = e.kind().map_or(ErrorKind::Extension, ErrorKind::Server);
+                        RedisError::from((
+                            kind,
+                            "redis refused the connection handshake",
+                            format!("{what}: {text}"),
+                        ))
+                    }
+                });
+            }
+            if i >= hello.len() {
+                replies.push(reply);
+            }
+        }
+        written?;
+        Ok((stream, parser, replies))
+    }
+
+    fn open(&self, timeout: Duration) -> RedisResult<Stream> {
+        let started = Instant::now();
+        let inner = match &self.addr {
+            Addr::Tcp(host, port) => {
+                let mut last = io::Error::new(io::ErrorKind::NotFound, "the host has no address");
+                let mut found = None;
+                for a in (host.as_str(), *port).to_socket_addrs()? {
+                    let left = timeout.saturating_sub(started.elapsed());
+                    if left.is_zero() {
+                        last = io::Error::new(io::ErrorKind::TimedOut, "connect timed out");
+                        break;
+                    }
+                    match TcpStream::connect_timeout(&a, left) {
+                        Ok(s) => {
+                            found = Some(s);
+                            break;
+                        }
+                        Err(e) => last = e,
+                    }
+                }
+                let sock = found.ok_or(last)?;
+                sock.set_nodelay(true)?;
+                #[cfg(feature = "tls")]
+                if let Some(tls) = &self.tls {
+                    let left = timeout.saturating_sub(started.elapsed());
+                    return Ok(Stream(Inner::Tls(Box::new(tls.handshake(sock, left)?))));
+                }
+                Inner::Tcp(sock)
+            }
+            #[cfg(unix)]
+            Addr::Unix(path) => Inner::Unix(std::os::unix::net::UnixStream::connect(path)?),
+        };
+        Ok(Stream(inner))
+    }
+}
+
+/// A connection to Redis that one thread may read while others write.
+pub(crate) struct Stream(Inner);
+
+enum Inner {
+    Tcp(TcpStream),
+    #[cfg(unix)]
+    Unix(std::os::unix::net::UnixStream),
+    #[cfg(feature = "tls")]
+    Tls(Box<tls::TlsStream>),
+}
+
+impl Stream {
+    pub(crate) fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        match &self.0 {
+            Inner::Tcp(s) => s.set_read_timeout(timeout),
+            #[cfg(unix)]
+            Inner::Unix(s) => s.set_read_timeout(timeout),
+            #[cfg(feature = "tls")]
+            Inner::Tls(s) => s.sock.set_read_timeout(timeout),
+        }
+    }
+
+    pub(crate) fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        match &self.0 {
+            Inner::Tcp(s) => s.set_write_timeout(timeout),
+            #[cfg(unix)]
+            Inner::Unix(s) => s.set_write_timeout(timeout),
+            #[cfg(feature = "tls")]
+            Inner::Tls(s) => s.sock.set_write_timeout(timeout),
+        }
+    }
+
+    pub(crate) fn set_timeouts(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(timeout)?;
+        self.set_write_timeout(timeout)
+    }
+
+    /// Ends the connection both ways; a thread blocked reading it returns.
+    pub(crate) fn shutdown(&self) {
+        let _ = match &self.0 {
+            Inner::Tcp(s) => s.shutdown(Shutdown::Both),
+            #[cfg(unix)]
+            Inner::Unix(s) => s.shutdown(Shutdown::Both),
+            #[cfg(feature = "tls")]
+            Inner::Tls(s) => s.sock.shutdown(Shutdown::Both),
+        };
+    }
+
+    /// Writes all of `buf`. Concurrent writers must take turns (the
+    /// subscriber's outbox does); a reader may run at the same time.
+    pub(crate) fn write_all(&self, buf: &[u8]) -> io::Result<()> {
+        match &self.0 {
+            Inner::Tcp(s) => (&*s).write_all(buf),
+            #[cfg(unix)]
+            Inner::Unix(s) => (&*s).write_all(buf),
+            #[cfg(feature = "tls")]
+            Inner::Tls(s) => s.write_all(buf),
+        }
+    }
+
+    pub(crate) fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match &self.0 {
+            Inner::Tcp(s) => (&*s).read(buf),
+            #[cfg(unix)]
+            Inner::Unix(s) => (&*s).read(buf),
+            #[cfg(feature = "tls")]
+            Inner::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Read for &Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        Stream::read(self, buf)
+    }
+}
+
+/// A pooled connection: a [`Stream`] and its reply parser.
+pub(crate) struct Connection {
+    stream: Stream,
+    parser: redis::Parser,
+    db: i64,
+    /// `false` once a write or read failed or timed out: a late reply may
+    /// still come, so the connection is never used again.
+    open: bool,
+}
+
+impl Connection {
+    pub(crate) fn open(
+        endpoint: &Endpoint,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> RedisResult<Connection> {
+        let (stream, parser, _) = endpoint.connect(connect_timeout, response_timeout, &[])?;
+        Ok(Connection {
+            stream,
+            parser,
+            db: endpoint.db,
+            open: true,
+        })
+    }
+
+    pub(crate) fn set_timeouts(&self, timeout: Duration) -> io::Result<()> {
+        self.stream.set_timeouts(Some(timeout))
+    }
+
+    fn send(&mut self, cmd: &[u8]) -> RedisResult<()> {
+        if !self.open {
+            return Err(RedisError::from(io::Error::new(
+                io::ErrorKind::NotConnected,
+                "the connection failed before",
+            )));
+        }
+        self.stream.write_all(cmd).map_err(|e| {
+            self.open = false;
+            RedisError::from(e)
+        })
+    }
+
+    fn receive(&mut self) -> RedisResult<Value> {
+        self.parser.parse_value(&self.stream).inspect_err(|_| {
+            self.open = false;
+        })
+    }
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+        self.send(cmd)?;
+        self.receive()
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        self.send(cmd)?;
+        let mut replies = Vec::with_capacity(count);
+        let mut first_error = None;
+        for i in 0..offset + count {
+            match self.receive()? {
+                Value::ServerError(e) if i < offset => {
+                    first_error.get_or_insert(e);
+                }
+                _ if i < offset => {}
+                v => replies.push(v),
+            }
+        }
+        match first_error {
+            Some(e) => Err(e.into()),
+            None => Ok(replies),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        self.db
+    }
+
+    fn check_connection(&mut self) -> bool {
+        redis::cmd("PING").query::<String>(self).is_ok()
+    }
+
+    fn is_open(&self) -> bool {
+        self.open
+    }
+}
+
+#[cfg(feature = "tls")]
+mod tls {
+    //! TLS through rustls (ring provider), one client configuration per
+    //! endpoint.
+
+    use std::io::{self, Read, Write};
+    use std::net::TcpStream;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use parking_lot::Mutex;
+    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+    use rustls::{ClientConfig, ClientConnection, DigitallySignedStruct, SignatureScheme};
+
+    /// The TLS material a user configured (PEM).
+    #[derive(Clone, Default)]
+    pub(crate) struct TlsOptions {
+        pub(crate) root_certificate: Option<Vec<u8>>,
+        pub(crate) client_identity: Option<(Vec<u8>, Vec<u8>)>,
+    }
+
+    impl std::fmt::Debug for TlsOptions {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("TlsOptions")
+                .field("root_certificate", &self.root_certificate.is_some())
+                .field(
+                    "client_identity",
+                    &self.client_identity.as_ref().map(|_| "(cert, ***)"),
+                )
+                .finish()
+        }
+    }
+
+    impl TlsOptions {
+        pub(crate) fn is_set(&self) -> bool {
+            self.root_certificate.is_some() || self.client_identity.is_some()
+        }
+    }
+
+    /// A ready client configuration and the name to verify.
+    #[derive(Clone)]
+    pub(crate) struct Tls {
+        config: Arc<ClientConfig>,
+        name: ServerName<'static>,
+    }
+
+    fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+        Arc::new(rustls::crypto::ring::default_provider())
+    }
+
+    impl Tls {
+        pub(crate) fn new(host: &str, insecure: bool, opts: &TlsOptions) -> Result<Tls, String> {
+            let name = ServerName::try_from(host.to_owned())
+                .map_err(|e| format!("{host:?} cannot be checked against a certificate: {e}"))?;
+            let builder = ClientConfig::builder_with_provider(provider())
+                .with_safe_default_protocol_versions()
+                .map_err(|e| format!("cannot set up TLS: {e}"))?;
+            let builder = if insecure {
+                log::warn!(
+                    "redlease: {host}: #insecure in the url turns off all certificate \
+                     checks: anyone on the path can read and change the traffic"
+                );
+                builder
+                    .dangerous()
+                    .with_custom_certificate_verifier(Arc::new(NoVerification(provider())))
+            } else {
+                builder.with_root_certificates(roots(opts.root_certificate.as_deref())?)
+            };
+            let mut config = match &opts.client_identity {
+                Some((cert, key)) => {
+                    let chain = CertificateDer::pem_slice_iter(cert)
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(|e| {
+                            format!("tls_client_identity: the certificate is not PEM ({e})")
+                        })?;
+                    if chain.is_empty() {
+                        return Err("tls_client_identity: no certificate in the PEM".into());
+                    }
+                    let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| {
+                        format!(
+                            "tls_client_identity: no private key in the PEM ({e}); use a \
+                             PKCS#8, PKCS#1 or SEC1 key"
+                        )
+                    })?;
+                    builder.with_client_auth_cert(chain, key).map_err(|e| {
+                        format!("tls_client_identity: the certificate and key do not fit ({e})")
+                    })?
+                }
+                None => builder.with_no_client_auth(),
+            };
+            if insecure {
+                config.enable_sni = false;
+            }
+            Ok(Tls {
+                config: Arc::new(config),
+                name,
+            })
+        }
+
+        /// Runs the TLS handshake on a connected socket, within `timeout`.
+        pub(crate) fn handshake(&self, sock: TcpStream, timeout: Duration) -> io::Result<TlsStream> {
+            let deadline = Instant::now() + timeout;
+            let mut conn = ClientConnection::new(Arc::clone(&self.config), self.name.clone())
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            while conn.is_handshaking() {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the TLS handshake did not finish within the connection timeout",
+                    ));
+                }
+                sock.set_read_timeout(Some(left))?;
+                sock.set_write_timeout(Some(left))?;
+                conn.complete_io(&mut &sock).map_err(|e| explain(&e).unwrap_or(e))?;
+            }
+            Ok(TlsStream::new(sock, conn))
+        }
+    }
+
+    /// Says what to do about a certificate the client or server refused.
+    fn explain(e: &io::Error) -> Option<io::Error> {
+        let text = e.to_string();
+        let hint = if text.contains("UnknownIssuer") || text.contains("invalid peer certificate")
+        {
+            "the server's certificate is not trusted: pass the CA that signed it with \
+             tls_root_certificate, or check the host name in the url against the certificate"
+        } else if text.contains("CertificateRequired") || text.contains("BadCertificate") {
+            "the server wants a client certificate it trusts: set tls_client_identity"
+        } else {
+            return None;
+        };
+        Some(io::Error::new(e.kind(), format!("{text}: {hint}")))
+    }
+
+    fn roots(pem: Option<&[u8]>) -> Result<rustls::RootCertStore, String> {
+        let mut store = rustls::RootCertStore::empty();
+        match pem {
+            Some(pem) => {
+                for cert in CertificateDer::pem_slice_iter(pem) {
+                    let cert = cert.map_err(|e| {
+                        format!("tls_root_certificate: not a PEM certificate ({e})")
+                    })?;
+                    store.add(cert).map_err(|e| {
+                        format!("tls_root_certificate: cannot use the certificate ({e})")
+                    })?;
+                }
+                if store.is_empty() {
+                    return Err("tls_root_certificate: no certificate in the PEM".into());
+                }
+            }
+            None => {
+                let found = rustls_native_certs::load_native_certs();
+                for e in &found.errors {
+                    log::warn!("redlease: reading the system's CA certificates: {e}");
+                }
+                let (_, ignored) = store.add_parsable_certificates(found.certs);
+                if ignored > 0 {
+                    log::debug!("redlease: {ignored} system CA certificates were unusable");
+                }
+                if store.is_empty() {
+                    return Err("no CA certificates found on this system to verify the \
+                                server with: pass one with tls_root_certificate"
+                        .into());
+                }
+            }
+        }
+        Ok(store)
+    }
+
+    /// A TLS session over a socket: one thread may read while another writes.
+    pub(crate) struct TlsStream {
+        pub(crate) sock: TcpStream,
+        /// Held only to encrypt or decrypt in memory, never across socket I/O.
+        session: Mutex<Session>,
+        /// Set while one thread writes encrypted records to the socket, so
+        /// that records go out in the order they were made.
+        sending: AtomicBool,
+    }
+
+    struct Session {
+        conn: ClientConnection,
+        /// Bytes read from the socket that the session could not take yet
+        /// (its plaintext buffer was full).
+        raw: Vec<u8>,
+    }
+
+    impl Session {
+        /// Feeds buffered socket bytes to the session as far as it takes
+        /// them.
+        fn feed(&mut self) -> io::Result<()> {
+            while !self.raw.is_empty() {
+                let mut data = &self.raw[..];
+                match self.conn.read_tls(&mut data) {
+                    Ok(n) => {
+                        self.raw.drain(..n);
+                        self.conn.process_new_packets().map_err(tls_error)?;
+                    }
+                    // Backpressure: the plaintext waits to be read first.
+                    Err(e) if e.kind() == io::ErrorKind::Other => return Ok(()),
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(())
+        }
+    }
+
+    fn tls_error(e: rustls::Error) -> io::Error {
+        let e = io::Error::new(io::ErrorKind::InvalidData, e);
+        explain(&e).unwrap_or(e)
+    }
+
+    impl TlsStream {
+        fn new(sock: TcpStream, conn: ClientConnection) -> TlsStream {
+            TlsStream {
+                sock,
+                session: Mutex::new(Session {
+                    conn,
+                    raw: Vec::new(),
+                }),
+                sending: AtomicBool::new(false),
+            }
+        }
+
+        pub(crate) fn write_all(&self, buf: &[u8]) -> io::Result<()> {
+            if !buf.is_empty() {
+                self.session.lock().conn.writer().write_all(buf)?;
+            }
+            self.drain()
+        }
+
+        /// Writes the records waiting in the session, unless another thread
+        /// is writing (it takes them too).
+        fn drain(&self) -> io::Result<()> {
+            loop {
+                if self
+                    .sending
+                    .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                    .is_err()
+                {
+                    return Ok(());
+                }
+                let result = loop {
+                    let mut out = Vec::new();
+                    let made = {
+                        let mut s = self.session.lock();
+                        let mut made = Ok(());
+                        while s.conn.wants_write() {
+                            if let Err(e) = s.conn.write_tls(&mut out) {
+                                made = Err(e);
+                                break;
+                            }
+                        }
+                        made
+                    };
+                    if let Err(e) = made {
+                        break Err(e);
+                    }
+                    if out.is_empty() {
+                        break Ok(());
+                    }
+                    if let Err(e) = (&self.sock).write_all(&out) {
+                        break Err(e);
+                    }
+                };
+                self.sending.store(false, Ordering::Release);
+                result?;
+                if !self.session.lock().conn.wants_write() {
+                    return Ok(());
+                }
+            }
+        }
+
+        pub(crate) fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+            let mut raw = [0u8; 16 * 1024];
+            loop {
+                {
+                    let mut s = self.session.lock();
+                    s.feed()?;
+                    match s.conn.reader().read(buf) {
+                        Ok(n) => return Ok(n),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                let n = (&self.sock).read(&mut raw)?;
+                let wants_write = {
+                    let mut s = self.session.lock();
+                    if n == 0 {
+                        // End of stream: the session reports a clean close
+                        // or an unexpected end on the next read.
+                        s.conn.read_tls(&mut &raw[..0])?;
+                        s.conn.process_new_packets().map_err(tls_error)?;
+                    } else {
+                        s.raw.extend_from_slice(&raw[..n]);
+                        s.feed()?;
+                    }
+                    s.conn.wants_write()
+                };
+                if wants_write {
+                    // An answer of the session itself (a key update, an
+                    // alert) goes out in turn with the commands.
+                    self.drain()?;
+                }
+            }
+        }
+    }
+
+    /// `#insecure`: accepts any certificate, still checks the handshake's
+    /// signatures (as redis-rs does).
+    #[derive(Debug)]
+    struct NoVerification(Arc<rustls::crypto::CryptoProvider>);
+
+    impl ServerCertVerifier for NoVerification {
+        fn verify_server_cert(
+            &self,
+            _end_entity: &CertificateDer<'_>,
+            _intermediates: &[CertificateDer<'_>],
+            _server_name: &ServerName<'_>,
+            _ocsp: &[u8],
+            _now: UnixTime,
+        ) -> Result<ServerCertVerified, rustls::Error> {
+            Ok(ServerCertVerified::assertion())
+        }
+
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls12_signature(
+                message,
+                cert,
+                dss,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls13_signature(
+                message,
+                cert,
+                dss,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.0.signature_verification_algorithms.supported_schemes()
+        }
+    }
+}
