@@ -497,7 +497,7 @@ fn handoff(
     );
     let name = format!("bench:handoff:{waiters}:{per_thread_client}");
     let shared_client = (!per_thread_client).then(|| {
-        redlease::Client::builder(&server.url())
+        redlease::Client::builder(server.url())
             .pool_size(waiters as u32 + 2)
             .build()
             .expect("client")
@@ -524,7 +524,7 @@ fn handoff(
             s.spawn(move || {
                 let client = match shared_client {
                     Some(c) => c.clone(),
-                    None => redlease::Client::open(&server.url()).expect("client"),
+                    None => redlease::Client::open(server.url()).expect("client"),
                 };
                 let lock = client.lock(name.as_str());
                 barrier.wait();
@@ -709,7 +709,7 @@ fn main() {
         .measurement_time(MEASURE)
         .configure_from_args();
     bench_redis_limit(&mut c, &server, &rates);
-    let client = redlease::Client::open(&server.url()).expect("client");
+    let client = redlease::Client::open(server.url()).expect("client");
     bench_redlease(&mut c, &client, &rates);
     c.final_summary();
     if mode == Mode::List {

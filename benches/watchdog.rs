@@ -150,7 +150,7 @@ fn settle_threads(n: usize) -> usize {
 /// redlease: N locks held by one thread, renewed by the watchdog.
 fn redlease_run(server: &RedisServer, n: usize, settle: Duration, window: Duration) -> Figures {
     let threads_before = settle_threads(1);
-    let client = redlease::Client::builder(&server.url())
+    let client = redlease::Client::builder(server.url())
         .watchdog_timeout(LEASE)
         .build()
         .expect("client");

@@ -16,7 +16,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (url, _server) = redis_url()?;
     println!("using {url}");
 
-    let client = redlease::Client::open(&url)?;
+    let client = redlease::Client::open(url)?;
     let lock = client.lock("quickstart:orders:42");
 
     let guard = lock.lock()?; // waits as long as it takes; renewed by the watchdog

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::connection::{Manager, Redis, WarnOnError};
+use crate::connection::{PoolSettings, Redis};
 use crate::error::{Error, Result};
 use crate::lock::{check_lease, duration_ms, Lock, MIN_RENEW_INTERVAL};
 use crate::pubsub::PubSub;
@@ -53,7 +53,8 @@ pub struct Client {
 pub(crate) struct Shared {
     pub(crate) id: u64,
     uuid: String,
-    url: String,
+    /// Where it connects, for `Debug` (no password).
+    server: String,
     pub(crate) redis: Arc<Redis>,
     pub(crate) watchdog: Watchdog,
     pub(crate) pubsub: PubSub,
@@ -85,14 +86,18 @@ impl Client {
     /// # Errors
     ///
     /// As for [`ClientBuilder::build`].
-    pub fn open(url: &str) -> Result<Client> {
-        Client::builder(url).build()
+    pub fn open(info: impl redis::IntoConnectionInfo) -> Result<Client> {
+        Client::builder(info).build()
     }
 
-    /// Starts configuring a client for the Redis at `url`
-    /// (`redis://[user:password@]host[:port][/db]` or `redis+unix:///path`).
-    pub fn builder(url: &str) -> ClientBuilder {
-        ClientBuilder::new(url)
+    /// Starts configuring a client for one Redis server. `info` is what
+    /// redis-rs takes: a url (`redis://[user[:password]@]host[:port][/db]`,
+    /// `rediss://...` for TLS, `rediss://...#insecure` to skip certificate
+    /// checks, `redis+unix:///path`) as `&str` or `String`, or a
+    /// [`redis::ConnectionInfo`]. The username, password and database apply
+    /// to every connection the client opens, the subscriber's included.
+    pub fn builder(info: impl redis::IntoConnectionInfo) -> ClientBuilder {
+        ClientBuilder::new(info.into_connection_info())
     }
 
     /// A handle on the lock named `name` (any UTF-8, including braces,
@@ -134,7 +139,7 @@ impl fmt::Debug for Client {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Client")
             .field("id", &self.shared.uuid)
-            .field("url", &self.shared.url)
+            .field("server", &self.shared.server)
             .field("watchdog_timeout", &self.shared.watchdog_timeout)
             .finish_non_exhaustive()
     }
@@ -178,8 +183,12 @@ pub struct ClientStats {
 /// ```
 #[must_use = "a builder does nothing until build() is called"]
 pub struct ClientBuilder {
-    url: String,
+    info: std::result::Result<redis::ConnectionInfo, redis::RedisError>,
+    tls: TlsOptions,
     pool_size: u32,
+    min_idle: Option<u32>,
+    max_lifetime: Option<Duration>,
+    idle_timeout: Option<Duration>,
     connection_timeout: Duration,
     response_timeout: Duration,
     watchdog_timeout: Duration,
@@ -191,16 +200,42 @@ pub struct ClientBuilder {
 const MAX_RETRY_ATTEMPTS: u32 = 100;
 
 impl ClientBuilder {
-    fn new(url: &str) -> ClientBuilder {
+    fn new(info: redis::RedisResult<redis::ConnectionInfo>) -> ClientBuilder {
         ClientBuilder {
-            url: url.to_owned(),
+            info,
+            tls: TlsOptions::default(),
             pool_size: 16,
+            min_idle: Some(1),
+            max_lifetime: Some(Duration::from_secs(30 * 60)),
+            idle_timeout: Some(Duration::from_secs(10 * 60)),
             connection_timeout: Duration::from_secs(2),
             response_timeout: Duration::from_secs(2),
             watchdog_timeout: Duration::from_secs(30),
             retry_attempts: 3,
             on_lock_lost: None,
         }
+    }
+
+    /// Trusts the CA certificate(s) in `ca_pem` (PEM; a bundle may hold
+    /// several) for `rediss://` servers, instead of the system's roots.
+    /// Defaults to the system's roots.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_certificate(mut self, ca_pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.root_certificate = Some(ca_pem.into());
+        self
+    }
+
+    /// Presents this client certificate (PEM, the chain leaf first) and
+    /// private key (PEM: PKCS#8, PKCS#1 or SEC1) to `rediss://` servers that
+    /// ask for one (mutual TLS, `tls-auth-clients yes`). Defaults to none.
+    #[cfg(feature = "tls")]
+    pub fn tls_client_identity(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.client_identity = Some((cert_pem.into(), key_pem.into()));
+        self
     }
 
     /// How many times a request is sent again when its connection turned
@@ -222,6 +257,27 @@ impl ClientBuilder {
     /// subscriber has one more of its own). Defaults to 16.
     pub fn pool_size(mut self, size: u32) -> Self {
         self.pool_size = size;
+        self
+    }
+
+    /// How many idle connections the pool keeps open (r2d2's `min_idle`;
+    /// `None`: as many as `pool_size`). Defaults to 1.
+    pub fn min_idle(mut self, min_idle: Option<u32>) -> Self {
+        self.min_idle = min_idle;
+        self
+    }
+
+    /// Closes pooled connections this old when they are next idle (r2d2's
+    /// `max_lifetime`; `None`: never). Defaults to 30 minutes.
+    pub fn max_lifetime(mut self, max_lifetime: Option<Duration>) -> Self {
+        self.max_lifetime = max_lifetime;
+        self
+    }
+
+    /// Closes pooled connections idle this long, down to `min_idle` (r2d2's
+    /// `idle_timeout`; `None`: never). Defaults to 10 minutes.
+    pub fn idle_timeout(mut self, idle_timeout: Option<Duration>) -> Self {
+        self.idle_timeout = idle_timeout;
         self
     }
 
@@ -265,16 +321,48 @@ impl ClientBuilder {
         self
     }
 
-    /// Checks the settings and connects.
+    /// Checks the settings and connects: returns once a connection to
+    /// Redis works.
     ///
     /// # Errors
     ///
     /// [`Error::InvalidUrl`] or [`Error::InvalidArgument`] for bad settings;
+    /// an [`Error::is_auth`] error at once if Redis refuses the credentials;
     /// [`Error::Pool`] if Redis cannot be reached within the connection
-    /// timeout.
+    /// timeout (the message says why: refused, TLS certificate not trusted,
+    /// ...).
     pub fn build(self) -> Result<Client> {
+        let client = self.build_lazy()?;
+        client.shared.redis.check()?;
+        Ok(client)
+    }
+
+    /// Checks the settings and makes the client without connecting: no
+    /// connection is opened until the first call, which reports any
+    /// connection error. For services that must start while Redis is down.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] or [`Error::InvalidArgument`] for bad settings.
+    pub fn build_lazy(self) -> Result<Client> {
         if self.pool_size == 0 {
             return Err(Error::invalid("pool_size is 0: use at least 1"));
+        }
+        if let Some(n) = self.min_idle.filter(|&n| n > self.pool_size) {
+            return Err(Error::invalid(format!(
+                "min_idle {n} is more than pool_size {}: use at most pool_size",
+                self.pool_size
+            )));
+        }
+        for (what, d) in [
+            ("max_lifetime", self.max_lifetime),
+            ("idle_timeout", self.idle_timeout),
+        ] {
+            if d.is_some_and(|d| d.is_zero()) {
+                return Err(Error::invalid(format!(
+                    "{what} is zero: use a positive duration, or None for no limit"
+                )));
+            }
         }
         for (what, d) in [
             ("connection_timeout", self.connection_timeout),
@@ -305,52 +393,31 @@ impl ClientBuilder {
                 MIN_RENEW_INTERVAL * 2
             )));
         }
-        let info = redis::IntoConnectionInfo::into_connection_info(self.url.as_str()).map_err(|e| {
+        let info = self.info.map_err(|e| {
             Error::InvalidUrl(format!(
-                "{:?}: {e}; use redis://[user:password@]host[:port][/db] or redis+unix:///path",
-                redact(&self.url)
+                "{e}; use redis://[user[:password]@]host[:port][/db], rediss://... for TLS, \
+                 or redis+unix:///path"
             ))
         })?;
-        let endpoint = Endpoint::new(&info, &TlsOptions::default())
-            .map_err(|e| Error::InvalidUrl(format!("{:?}: {e}", redact(&self.url))))?;
-        let epoch = Arc::new(AtomicU64::new(0));
-        let manager = Manager::new(
-            endpoint.clone(),
-            self.connection_timeout,
-            self.response_timeout,
-            Arc::clone(&epoch),
-        );
-        let pool = r2d2::Pool::builder()
-            .max_size(self.pool_size)
-            .min_idle(Some(1))
-            .connection_timeout(self.connection_timeout)
-            .test_on_check_out(true)
-            .error_handler(Box::new(WarnOnError))
-            // One thread (not r2d2's default three) opens connections.
-            .thread_pool(Arc::new(
-                scheduled_thread_pool::ScheduledThreadPool::builder()
-                    .num_threads(1)
-                    .thread_name_pattern("redlease-connect")
-                    // Exit with the pool, not after r2d2's next reaper tick.
-                    .on_drop_behavior(
-                        scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled,
-                    )
-                    .build(),
-            ))
-            .build(manager)
-            .map_err(Error::pool)?;
-        let checkout = self.connection_timeout.min(self.response_timeout);
+        let server = describe(&info);
+        let endpoint = Endpoint::new(&info, &self.tls)
+            .map_err(|e| Error::InvalidUrl(format!("{server}: {e}")))?;
         let redis = Arc::new(Redis::new(
-            pool,
-            epoch,
-            checkout,
+            endpoint.clone(),
+            PoolSettings {
+                max_size: self.pool_size,
+                min_idle: self.min_idle,
+                max_lifetime: self.max_lifetime,
+                idle_timeout: self.idle_timeout,
+                connection_timeout: self.connection_timeout,
+            },
             self.response_timeout,
             self.retry_attempts,
         ));
         let shared = Shared {
             id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
             uuid: uuid::Uuid::new_v4().to_string(),
-            url: redact(&self.url),
+            server,
             watchdog: Watchdog::new(Arc::clone(&redis), self.on_lock_lost),
             pubsub: PubSub::new(endpoint, self.connection_timeout, self.response_timeout),
             redis,
@@ -368,8 +435,15 @@ impl ClientBuilder {
 impl fmt::Debug for ClientBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientBuilder")
-            .field("url", &redact(&self.url))
+            .field(
+                "server",
+                &self.info.as_ref().map(describe).map_err(|e| e.to_string()),
+            )
+            .field("tls", &self.tls)
             .field("pool_size", &self.pool_size)
+            .field("min_idle", &self.min_idle)
+            .field("max_lifetime", &self.max_lifetime)
+            .field("idle_timeout", &self.idle_timeout)
             .field("connection_timeout", &self.connection_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("watchdog_timeout", &self.watchdog_timeout)
@@ -382,34 +456,34 @@ impl fmt::Debug for ClientBuilder {
     }
 }
 
-/// The URL with any password replaced by `***`.
-fn redact(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
-        return url.to_owned();
+/// Where a client connects, and as whom, without the password.
+fn describe(info: &redis::ConnectionInfo) -> String {
+    let settings = info.redis_settings();
+    let mut out = match info.addr() {
+        redis::ConnectionAddr::TcpTls { host, port, .. } => format!("rediss://{host}:{port}"),
+        other => other.to_string(),
     };
-    let rest = &url[scheme_end + 3..];
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let Some(at) = rest[..authority_end].rfind('@') else {
-        return url.to_owned();
-    };
-    let userinfo = &rest[..at];
-    if userinfo.is_empty() {
-        return url.to_owned();
+    if let Some(user) = settings.username() {
+        out = format!("{out} as {user:?}");
+    } else if settings.password().is_some() {
+        out.push_str(" with a password");
     }
-    // `user:password`, or a lone password (redis-rs reads `redis://pw@h`).
-    let user = userinfo.split_once(':').map_or("", |(u, _)| u);
-    format!("{}{user}:***{}", &url[..scheme_end + 3], &rest[at..])
+    if settings.db() != 0 {
+        out = format!("{out}, db {}", settings.db());
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
-    use super::redact;
+    use super::describe;
+    use redis::IntoConnectionInfo;
 
     #[test]
-    fn redacts_passwords() {
-        assert_eq!(redact("redis://:secret@h:1/0"), "redis://:***@h:1/0");
-        assert_eq!(redact("redis://u:secret@h/"), "redis://u:***@h/");
-        assert_eq!(redact("redis://h:6379/"), "redis://h:6379/");
-        assert_eq!(redact("redis://tok@h/"), "redis://:***@h/");
+    fn describes_without_passwords() {
+        let d = |url: &str| describe(&url.into_connection_info().unwrap());
+        assert_eq!(d("redis://:secret@h:1/0"), "h:1 with a password");
+        assert_eq!(d("redis://u:secret@h/2"), "h:6379 as \"u\", db 2");
+        assert_eq!(d("rediss://h:7/"), "rediss://h:7");
     }
 }

@@ -2,7 +2,7 @@
 //! checkout, and the runner that every Redis operation goes through.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use redis::ConnectionLike;
@@ -10,10 +10,32 @@ use redis::ConnectionLike;
 use crate::error::{is_io_failure, Error, Result};
 use crate::transport::{Connection, Endpoint};
 
-/// A pooled connection and the pool epoch it was made in.
+/// A pooled connection and the pool epoch it was made in; or, when Redis
+/// refused the credentials or the TLS settings, that refusal.
 pub(crate) struct Conn {
-    pub(crate) inner: Connection,
+    link: std::result::Result<Connection, Refusal>,
     epoch: u64,
+}
+
+/// A connection attempt that Redis refused for a reason retrying will not
+/// fix (credentials, permissions, certificates). The pool hands it out like
+/// a connection, so that the caller waiting for one learns the reason at
+/// once instead of waiting out the checkout timeout while r2d2 retries in
+/// the background; it is used once and only while fresh.
+struct Refusal {
+    error: redis::RedisError,
+    at: Instant,
+}
+
+/// How long a refusal answers checkouts before a new attempt is made.
+const REFUSAL_FRESH: Duration = Duration::from_secs(1);
+
+/// Redis refused to let us in, for a reason that retrying will not fix.
+pub(crate) fn is_refusal(e: &redis::RedisError) -> bool {
+    matches!(
+        e.kind(),
+        redis::ErrorKind::AuthenticationFailed | redis::ErrorKind::InvalidClientConfig
+    ) || matches!(e.code(), Some("NOAUTH" | "NOPERM" | "WRONGPASS"))
 }
 
 /// Counters the connection layer keeps (see [`crate::ClientStats`]).
@@ -28,6 +50,7 @@ pub(crate) struct Counters {
 /// validates without I/O: a connection is discarded when it broke or when it
 /// was made before the last connection failure seen (the pool's epoch), which
 /// is how a Redis restart clears every stale pooled connection at once.
+#[derive(Clone)]
 pub(crate) struct Manager {
     endpoint: Endpoint,
     connect_timeout: Duration,
@@ -75,27 +98,54 @@ impl r2d2::ManageConnection for Manager {
 
     fn connect(&self) -> Result<Conn, ManagerError> {
         let epoch = self.epoch.load(Ordering::Acquire);
-        let inner = Connection::open(&self.endpoint, self.connect_timeout, self.response_timeout)
-            .map_err(ManagerError::Redis)?;
-        Ok(Conn { inner, epoch })
+        match Connection::open(&self.endpoint, self.connect_timeout, self.response_timeout) {
+            Ok(inner) => Ok(Conn {
+                link: Ok(inner),
+                epoch,
+            }),
+            Err(error) if is_refusal(&error) => {
+                log::warn!("redlease: redis refused the connection: {error}");
+                Ok(Conn {
+                    link: Err(Refusal {
+                        error,
+                        at: Instant::now(),
+                    }),
+                    epoch,
+                })
+            }
+            Err(e) => Err(ManagerError::Redis(e)),
+        }
     }
 
     fn is_valid(&self, conn: &mut Conn) -> Result<(), ManagerError> {
-        if self.has_broken(conn) {
-            return Err(ManagerError::Stale);
+        let fresh = match &conn.link {
+            Ok(c) => c.is_open() && conn.epoch >= self.epoch.load(Ordering::Acquire),
+            Err(r) => r.at.elapsed() < REFUSAL_FRESH,
+        };
+        if fresh {
+            Ok(())
+        } else {
+            Err(ManagerError::Stale)
         }
-        Ok(())
     }
 
     fn has_broken(&self, conn: &mut Conn) -> bool {
-        !conn.inner.is_open() || conn.epoch < self.epoch.load(Ordering::Acquire)
+        match &conn.link {
+            Ok(c) => !c.is_open() || conn.epoch < self.epoch.load(Ordering::Acquire),
+            // Used once.
+            Err(_) => true,
+        }
     }
 }
 
 /// The pool plus the script runner; shared by the client, its locks and the
 /// watchdog.
 pub(crate) struct Redis {
-    pool: r2d2::Pool<Manager>,
+    /// Made on first use, so that a lazily built client opens no connection
+    /// before it is used.
+    pool: OnceLock<r2d2::Pool<Manager>>,
+    settings: PoolSettings,
+    manager: Manager,
     epoch: Arc<AtomicU64>,
     /// How long one attempt waits for a pooled connection.
     checkout_timeout: Duration,
@@ -107,23 +157,78 @@ pub(crate) struct Redis {
     pub(crate) counters: Counters,
 }
 
+/// r2d2's settings, as the client builder took them.
+#[derive(Clone, Debug)]
+pub(crate) struct PoolSettings {
+    pub(crate) max_size: u32,
+    pub(crate) min_idle: Option<u32>,
+    pub(crate) max_lifetime: Option<Duration>,
+    pub(crate) idle_timeout: Option<Duration>,
+    pub(crate) connection_timeout: Duration,
+}
+
 impl Redis {
-    /// `epoch` must be the one the pool's [`Manager`] was made with.
     pub(crate) fn new(
-        pool: r2d2::Pool<Manager>,
-        epoch: Arc<AtomicU64>,
-        checkout_timeout: Duration,
+        endpoint: Endpoint,
+        settings: PoolSettings,
         response_timeout: Duration,
         retry_attempts: u32,
     ) -> Redis {
+        let epoch = Arc::new(AtomicU64::new(0));
         Redis {
-            pool,
+            pool: OnceLock::new(),
+            manager: Manager::new(
+                endpoint,
+                settings.connection_timeout,
+                response_timeout,
+                Arc::clone(&epoch),
+            ),
+            checkout_timeout: settings.connection_timeout.min(response_timeout),
+            settings,
             epoch,
-            checkout_timeout,
             response_timeout,
             retry_attempts,
             next_request: AtomicU64::new(1),
             counters: Counters::default(),
+        }
+    }
+
+    fn pool(&self) -> &r2d2::Pool<Manager> {
+        self.pool.get_or_init(|| {
+            let s = &self.settings;
+            r2d2::Pool::builder()
+                .max_size(s.max_size)
+                .min_idle(s.min_idle)
+                .max_lifetime(s.max_lifetime)
+                .idle_timeout(s.idle_timeout)
+                .connection_timeout(s.connection_timeout)
+                .test_on_check_out(true)
+                .error_handler(Box::new(WarnOnError))
+                // One thread (not r2d2's default three) opens connections.
+                .thread_pool(Arc::new(
+                    scheduled_thread_pool::ScheduledThreadPool::builder()
+                        .num_threads(1)
+                        .thread_name_pattern("redlease-connect")
+                        // Exit with the pool, not after r2d2's next reaper tick.
+                        .on_drop_behavior(
+                            scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled,
+                        )
+                        .build(),
+                ))
+                .build_unchecked(self.manager.clone())
+        })
+    }
+
+    /// Waits (up to the connection timeout) for a connection to Redis, to
+    /// report at once whether the settings work.
+    pub(crate) fn check(&self) -> Result<()> {
+        let conn = self
+            .pool()
+            .get_timeout(self.settings.connection_timeout)
+            .map_err(Error::pool)?;
+        match &conn.link {
+            Ok(_) => Ok(()),
+            Err(r) => Err(Error::Redis(r.error.clone())),
         }
     }
 
@@ -166,18 +271,24 @@ impl Redis {
                     (redis::ErrorKind::Io, "retries ran out of time").into()
                 })));
             }
-            let mut conn = match self.pool.get_timeout(self.checkout_timeout.min(left)) {
+            let mut conn = match self.pool().get_timeout(self.checkout_timeout.min(left)) {
                 Ok(conn) => conn,
                 Err(e) => return Err(first_failure.map_or_else(|| Error::pool(e), Error::Redis)),
             };
+            let link = match &mut conn.link {
+                Ok(link) => link,
+                // Nothing was sent on this attempt: an earlier one that may
+                // have run still decides what the caller is told.
+                Err(r) => return Err(Error::Redis(first_failure.unwrap_or(r.error.clone()))),
+            };
             let shortened = left < self.response_timeout;
-            if shortened && set_timeouts(&conn.inner, left).is_err() {
+            if shortened && link.set_timeouts(left).is_err() {
                 self.mark_failure(&mut conn);
                 continue;
             }
             self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
-            let result = op(&mut conn.inner);
-            if shortened && set_timeouts(&conn.inner, self.response_timeout).is_err() {
+            let result = op(link);
+            if shortened && link.set_timeouts(self.response_timeout).is_err() {
                 self.mark_failure(&mut conn);
             }
             match result {
@@ -215,10 +326,6 @@ impl Redis {
             self.counters.failures.fetch_add(1, Ordering::Relaxed);
         }
     }
-}
-
-fn set_timeouts(conn: &Connection, timeout: Duration) -> std::io::Result<()> {
-    conn.set_timeouts(timeout)
 }
 
 /// The connection can no longer be trusted (it may even get a late reply).

@@ -18,8 +18,9 @@ pub enum Error {
     /// An argument or a setting was out of range; the message says what to
     /// change. Nothing was sent to Redis.
     InvalidArgument(String),
-    /// The Redis URL could not be parsed or names something redlease cannot
-    /// use (for example TLS, which is not supported yet).
+    /// The connection info could not be parsed or names something redlease
+    /// cannot use (for example a `rediss://` url in a build without the
+    /// `tls` feature, or TLS certificates that cannot be read).
     InvalidUrl(String),
     /// Redis answered with an error, or the connection failed or timed out in
     /// the middle of a command.
@@ -64,6 +65,26 @@ impl Error {
         matches!(self, Error::InvalidArgument(_) | Error::InvalidUrl(_))
     }
 
+    /// `true` if Redis refused the credentials or a permission: a wrong
+    /// password or unknown user (`WRONGPASS`), no authentication
+    /// (`NOAUTH`), or an ACL that lacks a command, key or channel the lock
+    /// needs (`NOPERM`; see the README for the minimal ACL rule). Fix the
+    /// credentials or the ACL: retrying will not help.
+    ///
+    /// ```
+    /// # fn check(e: redlease::Error) {
+    /// if e.is_auth() {
+    ///     eprintln!("fix the redis credentials or ACL: {e}");
+    /// }
+    /// # }
+    /// ```
+    pub fn is_auth(&self) -> bool {
+        match self {
+            Error::Redis(e) => is_auth_error(e),
+            _ => false,
+        }
+    }
+
     /// `true` if Redis could not be reached or the connection broke: the
     /// operation may succeed when retried later.
     pub fn is_connection_error(&self) -> bool {
@@ -94,6 +115,14 @@ impl Error {
     pub(crate) fn pool(e: r2d2::Error) -> Error {
         Error::Pool(e.to_string())
     }
+}
+
+/// Redis refused the credentials or a permission.
+pub(crate) fn is_auth_error(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("NOAUTH" | "NOPERM" | "WRONGPASS"))
+        // A command a script runs that the user's ACL lacks (Redis says ERR).
+        || e.detail().is_some_and(|d| d.contains("The user executing the script can't"))
 }
 
 /// The connection failed or timed out while a command was under way (as
@@ -128,7 +157,35 @@ impl fmt::Display for Error {
         match self {
             Error::InvalidArgument(msg) => write!(f, "invalid argument: {msg}"),
             Error::InvalidUrl(msg) => write!(f, "invalid redis url: {msg}"),
-            Error::Redis(e) => write!(f, "redis error: {e}"),
+            // The redis error itself is the source; say what it means here.
+            Error::Redis(e)
+                if e.kind() == redis::ErrorKind::AuthenticationFailed
+                    || matches!(e.code(), Some("NOAUTH" | "WRONGPASS")) =>
+            {
+                f.write_str(
+                    "redis refused the credentials: fix the username and password (in the \
+                     url or the ConnectionInfo)",
+                )
+            }
+            Error::Redis(e) if is_auth_error(e) => f.write_str(
+                "the redis user lacks a permission the lock needs (the cause names the \
+                 command, key or channel): grant what the README's ACL rule lists",
+            ),
+            Error::Redis(e) if e.is_timeout() => f.write_str(
+                "redis did not answer within the response timeout (the request may still \
+                 run): check redis's load, or raise response_timeout",
+            ),
+            Error::Redis(e) if is_io_failure(e) => f.write_str(
+                "the connection to redis failed during the request (it may have run): \
+                 the call can be retried once redis is reachable",
+            ),
+            Error::Redis(e) if e.kind() == redis::ErrorKind::InvalidClientConfig => f.write_str(
+                "the TLS settings do not fit the server: see the cause for what to change",
+            ),
+            Error::Redis(e) => match e.code() {
+                Some(code) => write!(f, "redis answered with an error ({code})"),
+                None => f.write_str("redis answered with an error"),
+            },
             Error::Pool(msg) => write!(
                 f,
                 "no redis connection in time ({msg}); check that redis is reachable and \

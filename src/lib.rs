@@ -21,7 +21,7 @@
 //! #   let server = TestServer::start(); // a throwaway redis-server for this example
 //! #   let url = server.url();
 //!     // let url = "redis://127.0.0.1:6379/";
-//!     let client = redlease::Client::open(&url)?;
+//!     let client = redlease::Client::open(url)?;
 //!     let lock = client.lock("orders:42");
 //!
 //!     let guard = lock.lock()?;                 // waits; renewed by the watchdog

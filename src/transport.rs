@@ -162,7 +162,10 @@ impl Endpoint {
             hello.push(("AUTH", auth.get_packed_command()));
         }
         if self.db != 0 {
-            hello.push(("SELECT", redis::cmd("SELECT").arg(self.db).get_packed_command()));
+            hello.push((
+                "SELECT",
+                redis::cmd("SELECT").arg(self.db).get_packed_command(),
+            ));
         }
         let mut parser = redis::Parser::new();
         if hello.is_empty() && extra.is_empty() {
@@ -179,7 +182,14 @@ impl Endpoint {
             // it drops us (e.g. "ERR max number of clients reached").
             let reply = match parser.parse_value(&stream) {
                 Ok(v) => v,
-                Err(e) => return Err(written.err().map_or(e, RedisError::from)),
+                Err(e) => {
+                    // The server may refuse our certificate only now (TLS 1.3
+                    // sends that alert after the handshake).
+                    if let Some(text) = stream.tls_failure() {
+                        return Err(tls_refused(text));
+                    }
+                    return Err(written.err().map_or(e, RedisError::from));
+                }
             };
             if let Value::ServerError(e) = reply {
                 let text = match e.details() {
@@ -239,7 +249,14 @@ impl Endpoint {
                 #[cfg(feature = "tls")]
                 if let Some(tls) = &self.tls {
                     let left = timeout.saturating_sub(started.elapsed());
-                    return Ok(Stream(Inner::Tls(Box::new(tls.handshake(sock, left)?))));
+                    let stream = tls.handshake(sock, left).map_err(|e| {
+                        if e.kind() == io::ErrorKind::InvalidData {
+                            tls_refused(e.to_string())
+                        } else {
+                            RedisError::from(e)
+                        }
+                    })?;
+                    return Ok(Stream(Inner::Tls(Box::new(stream))));
                 }
                 Inner::Tcp(sock)
             }
@@ -248,6 +265,12 @@ impl Endpoint {
         };
         Ok(Stream(inner))
     }
+}
+
+/// The TLS settings and the server do not agree (certificate not trusted,
+/// client certificate missing or refused, no common protocol).
+fn tls_refused(text: String) -> RedisError {
+    RedisError::from((ErrorKind::InvalidClientConfig, "TLS handshake failed", text))
 }
 
 /// A connection to Redis that one thread may read while others write.
@@ -298,6 +321,15 @@ impl Stream {
         };
     }
 
+    /// What the TLS session failed on, if it did.
+    fn tls_failure(&self) -> Option<String> {
+        match &self.0 {
+            #[cfg(feature = "tls")]
+            Inner::Tls(s) => s.failure.lock().clone(),
+            _ => None,
+        }
+    }
+
     /// Writes all of `buf`. Concurrent writers must take turns (the
     /// subscriber's outbox does); a reader may run at the same time.
     pub(crate) fn write_all(&self, buf: &[u8]) -> io::Result<()> {
@@ -343,7 +375,12 @@ impl Connection {
         connect_timeout: Duration,
         response_timeout: Duration,
     ) -> RedisResult<Connection> {
-        let (stream, parser, _) = endpoint.connect(connect_timeout, response_timeout, &[])?;
+        // A PING proves the connection before the pool hands it out: a
+        // server that accepts and then refuses (maxclients, a client
+        // certificate refused after the TLS handshake) fails here.
+        let ping = redis::cmd("PING").get_packed_command();
+        let (stream, parser, _) =
+            endpoint.connect(connect_timeout, response_timeout, &[("PING", ping)])?;
         Ok(Connection {
             stream,
             parser,
@@ -522,7 +559,11 @@ mod tls {
         }
 
         /// Runs the TLS handshake on a connected socket, within `timeout`.
-        pub(crate) fn handshake(&self, sock: TcpStream, timeout: Duration) -> io::Result<TlsStream> {
+        pub(crate) fn handshake(
+            &self,
+            sock: TcpStream,
+            timeout: Duration,
+        ) -> io::Result<TlsStream> {
             let deadline = Instant::now() + timeout;
             let mut conn = ClientConnection::new(Arc::clone(&self.config), self.name.clone())
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
@@ -536,7 +577,8 @@ mod tls {
                 }
                 sock.set_read_timeout(Some(left))?;
                 sock.set_write_timeout(Some(left))?;
-                conn.complete_io(&mut &sock).map_err(|e| explain(&e).unwrap_or(e))?;
+                conn.complete_io(&mut &sock)
+                    .map_err(|e| explain(&e).unwrap_or(e))?;
             }
             Ok(TlsStream::new(sock, conn))
         }
@@ -545,8 +587,7 @@ mod tls {
     /// Says what to do about a certificate the client or server refused.
     fn explain(e: &io::Error) -> Option<io::Error> {
         let text = e.to_string();
-        let hint = if text.contains("UnknownIssuer") || text.contains("invalid peer certificate")
-        {
+        let hint = if text.contains("UnknownIssuer") || text.contains("invalid peer certificate") {
             "the server's certificate is not trusted: pass the CA that signed it with \
              tls_root_certificate, or check the host name in the url against the certificate"
         } else if text.contains("CertificateRequired") || text.contains("BadCertificate") {
@@ -600,6 +641,9 @@ mod tls {
         /// Set while one thread writes encrypted records to the socket, so
         /// that records go out in the order they were made.
         sending: AtomicBool,
+        /// What the session failed on (say, the server refused our
+        /// certificate), with a hint.
+        pub(crate) failure: Mutex<Option<String>>,
     }
 
     struct Session {
@@ -612,21 +656,26 @@ mod tls {
     impl Session {
         /// Feeds buffered socket bytes to the session as far as it takes
         /// them.
-        fn feed(&mut self) -> io::Result<()> {
+        fn feed(&mut self) -> Result<(), Fail> {
             while !self.raw.is_empty() {
                 let mut data = &self.raw[..];
                 match self.conn.read_tls(&mut data) {
                     Ok(n) => {
                         self.raw.drain(..n);
-                        self.conn.process_new_packets().map_err(tls_error)?;
+                        self.conn.process_new_packets().map_err(Fail::Tls)?;
                     }
                     // Backpressure: the plaintext waits to be read first.
                     Err(e) if e.kind() == io::ErrorKind::Other => return Ok(()),
-                    Err(e) => return Err(e),
+                    Err(e) => return Err(Fail::Io(e)),
                 }
             }
             Ok(())
         }
+    }
+
+    enum Fail {
+        Io(io::Error),
+        Tls(rustls::Error),
     }
 
     fn tls_error(e: rustls::Error) -> io::Error {
@@ -643,7 +692,21 @@ mod tls {
                     raw: Vec::new(),
                 }),
                 sending: AtomicBool::new(false),
+                failure: Mutex::new(None),
             }
+        }
+
+        fn fail(&self, e: Fail) -> io::Error {
+            match e {
+                Fail::Io(e) => e,
+                Fail::Tls(e) => self.failed(e),
+            }
+        }
+
+        fn failed(&self, e: rustls::Error) -> io::Error {
+            let e = tls_error(e);
+            *self.failure.lock() = Some(e.to_string());
+            e
         }
 
         pub(crate) fn write_all(&self, buf: &[u8]) -> io::Result<()> {
@@ -700,7 +763,7 @@ mod tls {
             loop {
                 {
                     let mut s = self.session.lock();
-                    s.feed()?;
+                    s.feed().map_err(|e| self.fail(e))?;
                     match s.conn.reader().read(buf) {
                         Ok(n) => return Ok(n),
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
@@ -714,10 +777,10 @@ mod tls {
                         // End of stream: the session reports a clean close
                         // or an unexpected end on the next read.
                         s.conn.read_tls(&mut &raw[..0])?;
-                        s.conn.process_new_packets().map_err(tls_error)?;
+                        s.conn.process_new_packets().map_err(|e| self.failed(e))?;
                     } else {
                         s.raw.extend_from_slice(&raw[..n]);
-                        s.feed()?;
+                        s.feed().map_err(|e| self.fail(e))?;
                     }
                     s.conn.wants_write()
                 };

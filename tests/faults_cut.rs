@@ -55,7 +55,7 @@ struct Rig {
 fn rig() -> Rig {
     let srv = RedisServer::start();
     let proxy = Proxy::start(srv.addr());
-    let client = Client::builder(&proxy.url())
+    let client = Client::builder(proxy.url())
         .response_timeout(Duration::from_secs(1))
         .connection_timeout(Duration::from_secs(1))
         .build()

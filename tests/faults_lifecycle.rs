@@ -184,8 +184,8 @@ fn killed_holder_process_frees_lock_within_lease() {
 fn panic_while_holding_releases_and_wakes_a_waiter() {
     const NAME: &str = "life:panic";
     let srv = RedisServer::start();
-    let holder = Client::open(&srv.url()).expect("holder client");
-    let waiter = Client::open(&srv.url()).expect("waiter client");
+    let holder = Client::open(srv.url()).expect("holder client");
+    let waiter = Client::open(srv.url()).expect("waiter client");
     let lease = holder.watchdog_timeout();
 
     for how in ["catch_unwind", "thread dies"] {
@@ -388,8 +388,8 @@ fn guards_outlive_client_handles() {
 fn expired_lease_unlock_reports_lost_and_spares_new_holder() {
     const NAME: &str = "life:lease";
     let srv = RedisServer::start();
-    let a = Client::open(&srv.url()).expect("client A");
-    let b = Client::open(&srv.url()).expect("client B");
+    let a = Client::open(srv.url()).expect("client A");
+    let b = Client::open(srv.url()).expect("client B");
     let ga = a
         .lock(NAME)
         .lock_with_lease(Duration::from_millis(500))

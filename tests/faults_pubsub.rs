@@ -23,8 +23,8 @@ const HOLD: Duration = Duration::from_millis(10);
 #[test]
 fn subscriber_killed_with_twenty_waiters() {
     let srv = RedisServer::start();
-    let holder = Client::open(&srv.url()).expect("holder client");
-    let waiters = Client::builder(&srv.url())
+    let holder = Client::open(srv.url()).expect("holder client");
+    let waiters = Client::builder(srv.url())
         .pool_size(WAITERS as u32)
         .build()
         .expect("waiter client");
@@ -139,8 +139,8 @@ fn release_missed_while_subscriber_is_down() {
     const N: usize = 5;
     let srv = RedisServer::start();
     let proxy = Proxy::start(srv.addr());
-    let holder = Client::open(&srv.url()).expect("holder client");
-    let waiters = Client::open(&proxy.url()).expect("waiter client (through the proxy)");
+    let holder = Client::open(srv.url()).expect("holder client");
+    let waiters = Client::open(proxy.url()).expect("waiter client (through the proxy)");
     const NAME: &str = "pubsub:missed";
     // Subscriber started first, so each waiter makes exactly two attempts
     // before it waits, and none is in flight during the stall.

@@ -26,7 +26,7 @@ const HANDOFF_BOUND: Duration = Duration::from_secs(5);
 const WATCHDOG: Duration = Duration::from_secs(30);
 
 fn client(srv: &RedisServer) -> Client {
-    Client::builder(&srv.url())
+    Client::builder(srv.url())
         .watchdog_timeout(WATCHDOG)
         .build()
         .expect("client connects to the test server")
@@ -630,7 +630,7 @@ fn explicit_lease_expires_and_is_never_renewed() {
 #[test]
 fn explicit_lease_is_bounded_again_after_a_nested_watched_hold() {
     let srv = RedisServer::start();
-    let client = Client::builder(&srv.url())
+    let client = Client::builder(srv.url())
         .watchdog_timeout(Duration::from_millis(600))
         .build()
         .unwrap();
@@ -847,7 +847,7 @@ fn bad_client_settings_are_rejected() {
     let srv = RedisServer::start();
     let url = srv.url();
     let build = |f: fn(redlease::ClientBuilder) -> redlease::ClientBuilder| {
-        f(Client::builder(&url)).build()
+        f(Client::builder(url.as_str())).build()
     };
     assert_invalid(
         build(|b| b.pool_size(0)),
@@ -917,7 +917,7 @@ fn huge_timeouts_never_panic() {
     for (setting, set) in cases {
         let built = thread::spawn({
             let url = srv.url();
-            move || set(Client::builder(&url)).build().map(|_| ())
+            move || set(Client::builder(url.as_str())).build().map(|_| ())
         })
         .join();
         let built =
@@ -927,7 +927,7 @@ fn huge_timeouts_never_panic() {
             assert!(e.to_string().contains(setting), "{setting}: {e}");
             continue;
         }
-        let client = set(Client::builder(&srv.url())).build().unwrap();
+        let client = set(Client::builder(srv.url())).build().unwrap();
         let lock = client.lock("huge");
         let g = lock.lock().unwrap();
         // A wait on a busy lock subscribes: the subscriber uses the timeouts.
@@ -950,7 +950,7 @@ fn unreachable_redis_fails_within_the_connection_timeout() {
     let port = free_port(); // nothing listens there
     let timeout = Duration::from_millis(500);
     let t0 = Instant::now();
-    let err = Client::builder(&format!("redis://127.0.0.1:{port}/"))
+    let err = Client::builder(format!("redis://127.0.0.1:{port}/"))
         .connection_timeout(timeout)
         .build()
         .expect_err("nothing listens on the port");
@@ -971,7 +971,7 @@ fn pool_exhaustion_times_out_with_a_pool_error() {
     // With one pooled connection held by a command that Redis (frozen with
     // SIGSTOP) does not answer, a second command cannot get a connection.
     let srv = RedisServer::start();
-    let client = Client::builder(&srv.url())
+    let client = Client::builder(srv.url())
         .pool_size(1)
         .connection_timeout(Duration::from_millis(300))
         .response_timeout(Duration::from_secs(10))

@@ -245,7 +245,7 @@ fn kill_holder_and_measure(role: &str) -> Duration {
         || holder.output().contains(ACQUIRED),
     );
 
-    let client = Client::builder(&srv.url())
+    let client = Client::builder(srv.url())
         .watchdog_timeout(Duration::from_secs(30))
         .build()
         .unwrap();

@@ -105,7 +105,7 @@ impl Redisson {
 }
 
 fn client(srv: &RedisServer) -> Client {
-    Client::builder(&srv.url())
+    Client::builder(srv.url())
         .watchdog_timeout(Duration::from_millis(LEASE_MS))
         .build()
         .expect("client connects to the test server")

@@ -38,7 +38,7 @@ const KILL_NAME: &str = "wd:killed-holder";
 const MANY: u64 = 10_000;
 
 fn client(srv: &RedisServer, lease: Duration) -> Client {
-    Client::builder(&srv.url())
+    Client::builder(srv.url())
         .watchdog_timeout(lease)
         .build()
         .expect("build client")
@@ -46,7 +46,7 @@ fn client(srv: &RedisServer, lease: Duration) -> Client {
 
 /// A second client: its own id, so its own owner fields.
 fn other_client(srv: &RedisServer) -> Client {
-    Client::builder(&srv.url())
+    Client::builder(srv.url())
         .pool_size(1)
         .build()
         .expect("build a second client")
@@ -219,7 +219,7 @@ fn deleted_lock_is_reported_lost_once() {
     let (tx, names) = mpsc::channel::<String>();
     let client = {
         let calls = Arc::clone(&calls);
-        Client::builder(&srv.url())
+        Client::builder(srv.url())
             .watchdog_timeout(Duration::from_secs(3))
             .on_lock_lost(move |name: &str| {
                 calls.fetch_add(1, Ordering::SeqCst);
@@ -730,7 +730,7 @@ fn overwritten_key_does_not_fail_the_other_renewals() {
     let srv = RedisServer::start();
     let (lost_tx, lost_rx) = std::sync::mpsc::channel::<String>();
     let lost_tx = std::sync::Mutex::new(lost_tx);
-    let client = redlease::Client::builder(&srv.url())
+    let client = redlease::Client::builder(srv.url())
         .watchdog_timeout(Duration::from_millis(900))
         .on_lock_lost(move |name: &str| {
             let _ = lost_tx.lock().unwrap().send(name.to_owned());

@@ -81,14 +81,14 @@ fn background_threads_stop_with_the_last_client_and_guard() {
     let srv = RedisServer::start();
     let mut conn = srv.conn();
     // Never watches or waits: only its connect thread runs.
-    let observer = Client::builder(&srv.url())
+    let observer = Client::builder(srv.url())
         .pool_size(1)
         .build()
         .expect("build observer");
     wait_for_counts("only the observer's connect thread", (0, 0, 1));
 
     // --- The guard outlives the client. ---
-    let client = Client::builder(&srv.url())
+    let client = Client::builder(srv.url())
         .watchdog_timeout(LEASE)
         .build()
         .expect("build client");
@@ -133,7 +133,7 @@ fn background_threads_stop_with_the_last_client_and_guard() {
     wait_for_counts("the dropped client's threads to stop", (0, 0, 1));
 
     // --- The client (two clones) outlives the guard. ---
-    let client = Client::builder(&srv.url())
+    let client = Client::builder(srv.url())
         .watchdog_timeout(LEASE)
         .build()
         .expect("build client");

@@ -24,7 +24,7 @@ if want > 0 then
     redis.call('hset', KEYS[1], ARGV[1], want, ARGV[1] .. ':gen', ARGV[5])
     redis.call('pexpire', KEYS[1], ARGV[3])
 else
-    redis.call('del', KEYS[1])
     redis.call('publish', KEYS[2], 0)
+    redis.call('del', KEYS[1])
 end
 return 1

@@ -8,8 +8,11 @@ if done then
     return tonumber(done)
 end
 local deleted = 0
-if redis.call('del', KEYS[1]) == 1 then
+if redis.call('exists', KEYS[1]) == 1 then
+    -- Publish first: without the channel in its ACL the user stops here
+    -- with nothing changed (subscribers see the message after the script).
     redis.call('publish', KEYS[2], 0)
+    redis.call('del', KEYS[1])
     deleted = 1
 end
 redis.call('set', KEYS[3], deleted, 'px', ARGV[1])

@@ -33,12 +33,16 @@ if tonumber(ARGV[2]) > 0 then
     redis.call('set', KEYS[3], 0, 'px', ARGV[4])
     return 0
 end
--- The owner's fields are the only ones a lock hash has: removing them removes
--- the key (as Redisson's DEL does), and tells whether we held it, in one call.
-if redis.call('hdel', KEYS[1], ARGV[1], ARGV[1] .. ':gen') == 0 then
+if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
     redis.call('set', KEYS[3], 'n', 'px', ARGV[4])
     return nil
 end
+-- Publish before deleting: a user whose ACL lacks the channel stops the
+-- script here with nothing changed. Subscribers get the message only after
+-- the script has run, so no waiter can see the lock still held.
 redis.call('publish', KEYS[2], 0)
+-- The owner's fields are the only ones a lock hash has: removing them removes
+-- the key (as Redisson's DEL does).
+redis.call('hdel', KEYS[1], ARGV[1], ARGV[1] .. ':gen')
 redis.call('set', KEYS[3], 1, 'px', ARGV[4])
 return 1

@@ -83,12 +83,12 @@ fn assert_not_both(old: &LockGuard, new: &Option<LockGuard>, what: &str) {
 fn lost_reply_of_a_lease_shortening_partial_release_lowers_the_bound() {
     let srv = server();
     let proxy = Proxy::start(srv.addr());
-    let a = Client::builder(&proxy.url())
+    let a = Client::builder(proxy.url())
         .response_timeout(Duration::from_millis(300))
         .watchdog_timeout(Duration::from_secs(30))
         .build()
         .unwrap();
-    let b = Client::open(&srv.url()).unwrap();
+    let b = Client::open(srv.url()).unwrap();
     let lock = a.lock("short:partial");
     let g1 = lock.lock_with_lease(Duration::from_millis(300)).unwrap();
     let g2 = lock.lock().unwrap();
@@ -118,12 +118,12 @@ fn lost_reply_of_a_lease_shortening_partial_release_lowers_the_bound() {
 fn lost_reply_of_a_short_reentry_on_a_watched_hold_keeps_the_hold_sound() {
     let srv = server();
     let proxy = Proxy::start(srv.addr());
-    let a = Client::builder(&proxy.url())
+    let a = Client::builder(proxy.url())
         .response_timeout(Duration::from_millis(300))
         .watchdog_timeout(Duration::from_secs(30))
         .build()
         .unwrap();
-    let b = Client::open(&srv.url()).unwrap();
+    let b = Client::open(srv.url()).unwrap();
     let lock = a.lock("short:reentry");
     let g1 = lock.lock().unwrap();
     let rule = proxy.add_rule(&acquire_sha(), Fault::DropReply, 1);
@@ -165,11 +165,11 @@ fn field_of(srv: &RedisServer, name: &str) -> String {
 fn a_renewal_reply_after_a_partial_release_does_not_raise_the_bound() {
     let srv = server();
     let proxy = Proxy::start(srv.addr());
-    let a = Client::builder(&proxy.url())
+    let a = Client::builder(proxy.url())
         .watchdog_timeout(Duration::from_secs(3))
         .build()
         .unwrap();
-    let b = Client::open(&srv.url()).unwrap();
+    let b = Client::open(srv.url()).unwrap();
     let lock = a
         .lock("late:renewal")
         .with_renew_interval(Duration::from_millis(100));
@@ -198,7 +198,7 @@ fn a_renewal_reply_after_a_partial_release_does_not_raise_the_bound() {
 fn a_zombie_renewal_cannot_extend_a_later_hold() {
     let srv = server();
     let proxy = Proxy::start(srv.addr());
-    let a = Client::builder(&proxy.url())
+    let a = Client::builder(proxy.url())
         .watchdog_timeout(Duration::from_secs(10))
         .build()
         .unwrap();
@@ -252,7 +252,7 @@ fn a_zombie_renewal_cannot_extend_a_later_hold() {
 fn a_late_copy_of_a_release_that_found_nothing_cannot_free_the_next_hold() {
     let srv = server();
     let proxy = Proxy::start(srv.addr());
-    let a = Client::builder(&proxy.url())
+    let a = Client::builder(proxy.url())
         .response_timeout(Duration::from_millis(300))
         .build()
         .unwrap();
@@ -293,7 +293,7 @@ fn a_late_copy_of_a_release_that_found_nothing_cannot_free_the_next_hold() {
 #[test]
 fn a_release_refused_with_busy_is_completed_once_redis_answers() {
     let srv = server_with(&["--busy-reply-threshold", "100"]);
-    let a = Client::builder(&srv.url())
+    let a = Client::builder(srv.url())
         .watchdog_timeout(Duration::from_secs(30))
         .build()
         .unwrap();
@@ -343,7 +343,7 @@ fn a_release_refused_with_busy_is_completed_once_redis_answers() {
 fn dropping_a_guard_declared_lost_releases_what_redis_still_holds() {
     let srv = server();
     let proxy = Proxy::start(srv.addr());
-    let a = Client::builder(&proxy.url())
+    let a = Client::builder(proxy.url())
         .response_timeout(Duration::from_millis(150))
         .watchdog_timeout(Duration::from_millis(1500))
         .build()
@@ -380,7 +380,7 @@ fn dropping_a_guard_declared_lost_releases_what_redis_still_holds() {
 fn one_hold_has_at_most_one_watchdog_entry() {
     let srv = server();
     let proxy = Proxy::start(srv.addr());
-    let a = Client::builder(&proxy.url())
+    let a = Client::builder(proxy.url())
         .watchdog_timeout(Duration::from_secs(10))
         .build()
         .unwrap();
@@ -427,8 +427,8 @@ fn one_hold_has_at_most_one_watchdog_entry() {
 fn force_unlock_reports_the_first_runs_answer_after_a_dropped_connection() {
     let srv = server();
     let proxy = Proxy::start(srv.addr());
-    let a = Client::open(&proxy.url()).unwrap();
-    let b = Client::open(&srv.url()).unwrap();
+    let a = Client::open(proxy.url()).unwrap();
+    let b = Client::open(srv.url()).unwrap();
     let _held = b.lock("forced:cut").lock().unwrap();
     let rule = proxy.add_rule(&force_unlock_sha(), Fault::CutAfterRequest, 1);
     let deleted = a.lock("forced:cut").force_unlock().unwrap();
@@ -444,7 +444,7 @@ fn force_unlock_reports_the_first_runs_answer_after_a_dropped_connection() {
 fn a_release_cut_twice_in_a_row_still_reports_success() {
     let srv = server();
     let proxy = Proxy::start(srv.addr());
-    let a = Client::open(&proxy.url()).unwrap();
+    let a = Client::open(proxy.url()).unwrap();
     let g = a.lock("cut:twice").lock().unwrap();
     let rule = proxy.add_rule(&release_sha(), Fault::CutAfterRequest, 2);
     g.unlock()
@@ -454,7 +454,7 @@ fn a_release_cut_twice_in_a_row_still_reports_success() {
 
     // With retries off, the first cut is reported (and the release is
     // completed in the background).
-    let a0 = Client::builder(&proxy.url())
+    let a0 = Client::builder(proxy.url())
         .retry_attempts(0)
         .build()
         .unwrap();

@@ -53,7 +53,7 @@ fn acquire_sha() -> Vec<u8> {
 /// A holder client straight to the server, with a 30 s watchdog lease: a
 /// waiter woken by the lease instead of the release takes 30 s.
 fn holder(srv: &RedisServer) -> Client {
-    Client::builder(&srv.url())
+    Client::builder(srv.url())
         .watchdog_timeout(Duration::from_secs(30))
         .build()
         .expect("holder client")
@@ -232,7 +232,7 @@ fn locks_sharing_a_channel_do_not_strand_each_others_waiters() {
     assert_eq!(channel(K), channel(BRACED), "one channel for both");
     let srv = server();
     let holder = holder(&srv);
-    let waiters = Client::open(&srv.url()).expect("waiter client");
+    let waiters = Client::open(srv.url()).expect("waiter client");
     warm_subscriber(&holder, &waiters);
     let guard_k = holder.lock(K).lock().expect("hold k");
     let guard_braced = holder.lock(BRACED).lock().expect("hold {k}");
@@ -367,7 +367,14 @@ fn refused_subscribe_is_an_error_naming_the_channel() {
                 g.is_some()
             ),
         };
-        let text = err.to_string();
+        assert!(err.is_auth(), "{which}: {err:?}");
+        // What redis said, and what to grant, is in the cause.
+        let mut text = err.to_string();
+        let mut cause = std::error::Error::source(&err);
+        while let Some(c) = cause {
+            text = format!("{text} <- {c}");
+            cause = c.source();
+        }
         assert!(text.contains(&channel(NAME)), "{which}: {text}");
         assert!(text.contains("NOPERM"), "{which}: {text}");
         assert!(

@@ -90,7 +90,7 @@ fn randomized_faults_never_let_two_holders_believe_at_once() {
     let proxy = Arc::new(Proxy::start(srv.addr()));
     let clients: Vec<Client> = (0..CLIENTS)
         .map(|_| {
-            Client::builder(&proxy.url())
+            Client::builder(proxy.url())
                 .response_timeout(Duration::from_millis(120))
                 .connection_timeout(Duration::from_millis(500))
                 .watchdog_timeout(Duration::from_millis(400))
