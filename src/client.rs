@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::connection::{PoolSettings, Redis};
+use crate::connection::{PoolSettings, Redis, SyncReplicas};
 use crate::error::{Error, Result};
 use crate::lock::{check_lease, duration_ms, Lock, MIN_RENEW_INTERVAL};
 use crate::pubsub::PubSub;
@@ -193,6 +193,7 @@ pub struct ClientBuilder {
     response_timeout: Duration,
     watchdog_timeout: Duration,
     retry_attempts: u32,
+    sync: SyncReplicas,
     on_lock_lost: Option<LostCallback>,
 }
 
@@ -212,8 +213,34 @@ impl ClientBuilder {
             response_timeout: Duration::from_secs(2),
             watchdog_timeout: Duration::from_secs(30),
             retry_attempts: 3,
+            sync: SyncReplicas {
+                min: 1,
+                timeout: Duration::from_secs(1),
+            },
             on_lock_lost: None,
         }
+    }
+
+    /// Replica sync, as Redisson's `checkLockSyncedSlaves`: every write that
+    /// decides a lock's state (acquire, release, a renewal batch, the
+    /// settling of a lost reply, force-unlock) is followed in the same round
+    /// trip by `WAIT min_replicas timeout`, so that the lock survives a
+    /// failover of its master to a replica. The requirement is capped by the
+    /// replicas the master has at that moment (read with `ROLE`, at most once
+    /// a second): a master with no replica takes writes without WAIT. An
+    /// acquisition fewer replicas confirmed is undone and retried (up to
+    /// [`retry_attempts`](ClientBuilder::retry_attempts)), then fails with
+    /// [`Error::ReplicaSync`]; an unconfirmed renewal counts as a failed
+    /// renewal. `WAIT` is not consensus: a failover can still lose a lock
+    /// whose replica acknowledged, or promote one that did not (see the
+    /// README). `min_replicas` 0 turns it off. Defaults to 1 replica within
+    /// 1 s whenever the master has replicas.
+    pub fn sync_replicas(mut self, min_replicas: u32, timeout: Duration) -> Self {
+        self.sync = SyncReplicas {
+            min: min_replicas,
+            timeout,
+        };
+        self
     }
 
     /// Trusts the CA certificate(s) in `ca_pem` (PEM; a bundle may hold
@@ -385,6 +412,13 @@ impl ClientBuilder {
                 self.retry_attempts
             )));
         }
+        if self.sync.min > 0 && (self.sync.timeout.is_zero() || self.sync.timeout > MAX_TIMEOUT) {
+            return Err(Error::invalid(format!(
+                "sync_replicas timeout {:?} is out of range: use 1 ms to {MAX_TIMEOUT:?} (a \
+                 WAIT with no timeout would block forever), or 0 replicas to turn it off",
+                self.sync.timeout
+            )));
+        }
         check_lease("watchdog_timeout", self.watchdog_timeout)?;
         if self.watchdog_timeout <= MIN_RENEW_INTERVAL * 2 {
             return Err(Error::invalid(format!(
@@ -413,6 +447,7 @@ impl ClientBuilder {
             },
             self.response_timeout,
             self.retry_attempts,
+            self.sync,
         ));
         let shared = Shared {
             id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
@@ -448,6 +483,7 @@ impl fmt::Debug for ClientBuilder {
             .field("response_timeout", &self.response_timeout)
             .field("watchdog_timeout", &self.watchdog_timeout)
             .field("retry_attempts", &self.retry_attempts)
+            .field("sync_replicas", &self.sync)
             .field(
                 "on_lock_lost",
                 &self.on_lock_lost.as_ref().map(|_| "Fn(&str)"),

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use redis::ConnectionLike;
 
 use crate::error::{is_io_failure, Error, Result};
+use crate::lock::duration_ms;
 use crate::transport::{Connection, Endpoint};
 
 /// A pooled connection and the pool epoch it was made in; or, when Redis
@@ -155,7 +156,39 @@ pub(crate) struct Redis {
     retry_attempts: u32,
     next_request: AtomicU64,
     pub(crate) counters: Counters,
+    sync: SyncReplicas,
+    /// Replicas the master reported (ROLE), or -1 before the first answer.
+    replicas: std::sync::atomic::AtomicI64,
+    /// When `replicas` was last read, in ms since `born` (0: never; set to 0
+    /// to have it read again).
+    replicas_at: AtomicU64,
+    /// Set while one caller reads the replica count.
+    replicas_reading: std::sync::atomic::AtomicBool,
+    born: Instant,
 }
+
+/// Replica sync (Redisson's `checkLockSyncedSlaves`): writes that decide lock
+/// state are followed, in the same round trip, by `WAIT min timeout`, with
+/// `min` capped by the replicas the master has. `min == 0` turns it off.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SyncReplicas {
+    pub(crate) min: u32,
+    pub(crate) timeout: Duration,
+}
+
+/// What replica sync said of a write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Synced {
+    /// No WAIT was needed (off, or the master has no replica).
+    NotNeeded,
+    /// Enough replicas acknowledged.
+    Yes,
+    /// Fewer replicas than wanted acknowledged within the timeout.
+    No { wanted: u32, acked: u32 },
+}
+
+/// How long the master's replica count is trusted before it is read again.
+const REPLICAS_FRESH: Duration = Duration::from_secs(1);
 
 /// r2d2's settings, as the client builder took them.
 #[derive(Clone, Debug)]
@@ -173,6 +206,7 @@ impl Redis {
         settings: PoolSettings,
         response_timeout: Duration,
         retry_attempts: u32,
+        sync: SyncReplicas,
     ) -> Redis {
         let epoch = Arc::new(AtomicU64::new(0));
         Redis {
@@ -190,7 +224,99 @@ impl Redis {
             retry_attempts,
             next_request: AtomicU64::new(1),
             counters: Counters::default(),
+            sync,
+            replicas: std::sync::atomic::AtomicI64::new(-1),
+            replicas_at: AtomicU64::new(0),
+            replicas_reading: std::sync::atomic::AtomicBool::new(false),
+            born: Instant::now(),
         }
+    }
+
+    /// The `WAIT` a write needs now: `min` replicas, capped by those the
+    /// master has (read with ROLE, at most once a second, by one caller
+    /// while the others use the last count).
+    fn wait_needed(&self) -> Option<(u32, Duration)> {
+        if self.sync.min == 0 {
+            return None;
+        }
+        let now_ms = duration_ms(self.born.elapsed()).max(1);
+        let at = self.replicas_at.load(Ordering::Acquire);
+        let stale = at == 0 || now_ms.saturating_sub(at) >= duration_ms(REPLICAS_FRESH);
+        let unknown = self.replicas.load(Ordering::Acquire) < 0;
+        if stale
+            && self
+                .replicas_reading
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            self.read_replicas();
+            self.replicas_at.store(now_ms, Ordering::Release);
+            self.replicas_reading.store(false, Ordering::Release);
+        } else if unknown {
+            // Another caller is reading the first count; go without.
+            return None;
+        }
+        let have = u32::try_from(self.replicas.load(Ordering::Acquire).max(0)).unwrap_or(0);
+        let n = self.sync.min.min(have);
+        (n > 0).then_some((n, self.sync.timeout))
+    }
+
+    fn read_replicas(&self) {
+        let role = self.run(|c| redis::cmd("ROLE").query::<redis::Value>(c));
+        let count = match &role {
+            Ok(redis::Value::Array(items)) => match items.as_slice() {
+                [redis::Value::BulkString(kind), _, redis::Value::Array(replicas), ..]
+                    if kind.as_slice() == b"master" =>
+                {
+                    i64::try_from(replicas.len()).unwrap_or(0)
+                }
+                _ => 0,
+            },
+            Ok(_) => 0,
+            Err(e) => {
+                if self.replicas.load(Ordering::Acquire) < 0 {
+                    log::warn!(
+                        "redlease: cannot read the master's replicas for replica sync \
+                         ({e}); writes go without WAIT until it can (grant +role)"
+                    );
+                }
+                0
+            }
+        };
+        let old = self.replicas.swap(count, Ordering::AcqRel);
+        if old != count && old >= 0 {
+            log::info!("redlease: the master has {count} replica(s) now (was {old})");
+        }
+    }
+
+    /// Like [`run`](Redis::run), for a write that decides lock state: the
+    /// replica sync `WAIT` goes behind it in the same round trip (the
+    /// response timeout grows by the WAIT timeout), and the result says
+    /// whether enough replicas acknowledged.
+    pub(crate) fn run_synced<T>(
+        &self,
+        mut op: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
+    ) -> Result<(T, Synced)> {
+        let Some((wanted, timeout)) = self.wait_needed() else {
+            return self.run(op).map(|v| (v, Synced::NotNeeded));
+        };
+        let (v, acked) = self.run_with(timeout, |c| {
+            c.set_wait(Some((wanted, timeout)));
+            let r = op(c);
+            let acked = c.waited();
+            c.set_wait(None);
+            r.map(|v| (v, acked))
+        })?;
+        let acked = acked.map_or(0, |n| u32::try_from(n.max(0)).unwrap_or(u32::MAX));
+        if acked >= wanted {
+            return Ok((v, Synced::Yes));
+        }
+        // A replica may have gone: count them again before the next write.
+        self.replicas_at.store(0, Ordering::Release);
+        log::warn!(
+            "redlease: {acked} of {wanted} replica(s) acknowledged a lock write within {timeout:?}"
+        );
+        Ok((v, Synced::No { wanted, acked }))
     }
 
     fn pool(&self) -> &r2d2::Pool<Manager> {
@@ -232,6 +358,11 @@ impl Redis {
         }
     }
 
+    /// Retries of a dropped request (the client's `retry_attempts`).
+    pub(crate) fn retry_attempts(&self) -> u32 {
+        self.retry_attempts
+    }
+
     /// A number unique to this client, for request ids (latch and marker
     /// names, generations).
     pub(crate) fn next_request(&self) -> u64 {
@@ -255,6 +386,15 @@ impl Redis {
     /// attempt's error is returned, so that [`Error::maybe_applied`] holds.
     pub(crate) fn run<T>(
         &self,
+        op: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
+    ) -> Result<T> {
+        self.run_with(Duration::ZERO, op)
+    }
+
+    /// [`run`](Redis::run) with `extra` time for Redis to answer (a WAIT's).
+    fn run_with<T>(
+        &self,
+        extra: Duration,
         mut op: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
     ) -> Result<T> {
         let mut first_failure: Option<redis::RedisError> = None;
@@ -281,14 +421,14 @@ impl Redis {
                 // have run still decides what the caller is told.
                 Err(r) => return Err(Error::Redis(first_failure.unwrap_or(r.error.clone()))),
             };
-            let shortened = left < self.response_timeout;
-            if shortened && link.set_timeouts(left).is_err() {
+            let changed = left < self.response_timeout || !extra.is_zero();
+            if changed && link.set_timeouts(left.saturating_add(extra)).is_err() {
                 self.mark_failure(&mut conn);
                 continue;
             }
             self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
             let result = op(link);
-            if shortened && link.set_timeouts(self.response_timeout).is_err() {
+            if changed && link.set_timeouts(self.response_timeout).is_err() {
                 self.mark_failure(&mut conn);
             }
             match result {

@@ -32,6 +32,18 @@ pub enum Error {
     /// A background thread of the client (watchdog or subscriber) could not
     /// be started; the operating system refused a new thread.
     Thread(std::io::Error),
+    /// Fewer replicas than required acknowledged an acquisition within the
+    /// replica sync timeout (see `ClientBuilder::sync_replicas`), on every
+    /// try: the acquisition was undone, so the lock is not held. The master
+    /// may be cut off from its replicas.
+    ReplicaSync {
+        /// The lock's name.
+        name: String,
+        /// Replicas required (capped by those the master has).
+        wanted: u32,
+        /// Replicas that acknowledged the last try.
+        acked: u32,
+    },
     /// The lock is no longer held by this guard: its lease ran out, it was
     /// deleted (for example by `force_unlock` or a Redis restart), or the
     /// watchdog could not renew it in time. Whatever the guard protected may
@@ -89,6 +101,12 @@ impl Error {
     /// operation may succeed when retried later.
     pub fn is_connection_error(&self) -> bool {
         self.maybe_applied() || matches!(self, Error::Pool(_))
+    }
+
+    /// `true` for [`Error::ReplicaSync`]: the master took the acquisition
+    /// but too few replicas confirmed it, so it was undone.
+    pub fn is_replica_sync(&self) -> bool {
+        matches!(self, Error::ReplicaSync { .. })
     }
 
     /// The request may have reached Redis and run, though no reply came.
@@ -195,6 +213,16 @@ impl fmt::Display for Error {
                 f,
                 "cannot start a background thread of redlease ({e}); the process may have \
                  reached its thread limit"
+            ),
+            Error::ReplicaSync {
+                name,
+                wanted,
+                acked,
+            } => write!(
+                f,
+                "lock {name:?} was not taken: {acked} of {wanted} replica(s) confirmed it in \
+                 time, so it was undone; check the master's link to its replicas, or lower \
+                 sync_replicas"
             ),
             Error::LockLost { name } => write!(
                 f,

@@ -672,18 +672,23 @@ impl LockGuard {
         if partial {
             hold.begin(sent, lease_ms);
         }
-        let reply = shared.redis.run(|conn| {
-            scripts::release(
-                conn,
-                hold.lock_ref(),
-                &latch,
-                &keys(&pending),
-                left,
-                lease_ms,
-                latch_ms,
-                n,
-            )
-        });
+        // A release fewer replicas confirmed is still done on the master: at
+        // worst a failover brings the lock back until its lease runs out.
+        let reply = shared
+            .redis
+            .run_synced(|conn| {
+                scripts::release(
+                    conn,
+                    hold.lock_ref(),
+                    &latch,
+                    &keys(&pending),
+                    left,
+                    lease_ms,
+                    latch_ms,
+                    n,
+                )
+            })
+            .map(|(reply, _)| reply);
         match reply {
             Ok(reply) => {
                 settle(hold.client_id, &pending);

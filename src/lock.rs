@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::client::Client;
-use crate::connection::Redis;
+use crate::connection::{Redis, Synced};
 use crate::error::{Error, Result};
 use crate::guard::{
     insert_hold, keys, owner_state, settle, settle_later, Hold, LockGuard, Lost, Unsettled,
@@ -258,7 +258,7 @@ impl Lock {
         // first run did, not "nothing to delete".
         let latch =
             scripts::force_unlock_latch_name(&self.name, self.client.id(), shared.next_request());
-        let deleted = self.redis().run(|conn| {
+        let (deleted, _) = self.redis().run_synced(|conn| {
             scripts::force_unlock(conn, &self.name, &self.channel, &latch, shared.latch_ttl_ms)
         })?;
         Ok(deleted == 1)
@@ -318,7 +318,7 @@ impl Lock {
     /// until the deadline.
     fn acquire(&self, wait: Wait, terms: &Terms) -> Result<Option<LockGuard>> {
         let deadline = wait.deadline();
-        if let Attempt::Acquired(g) = self.attempt(terms)? {
+        if let Attempt::Acquired(g) = self.attempt_synced(terms)? {
             return Ok(Some(g));
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -331,7 +331,7 @@ impl Lock {
         loop {
             // An error drops the subscription, which passes a wake-up this
             // retry took on to another waiter.
-            let attempt = self.attempt(terms)?;
+            let attempt = self.attempt_synced(terms)?;
             subscription.used();
             let ttl = match attempt {
                 Attempt::Acquired(g) => return Ok(Some(g)),
@@ -349,6 +349,20 @@ impl Lock {
                 until = until.min(d);
             }
             subscription.wait_until(until)?;
+        }
+    }
+
+    /// [`attempt`](Lock::attempt), tried again (up to the client's
+    /// `retry_attempts`) while too few replicas confirm the acquisition.
+    fn attempt_synced(&self, terms: &Terms) -> Result<Attempt> {
+        let mut tries = 0;
+        loop {
+            match self.attempt(terms) {
+                Err(e) if e.is_replica_sync() && tries < self.redis().retry_attempts() => {
+                    tries += 1;
+                }
+                other => return other,
+            }
         }
     }
 
@@ -388,14 +402,27 @@ impl Lock {
         if let Some(h) = &existing {
             h.begin(sent, lease_ms);
         }
-        let reply = shared.redis.run(|conn| {
+        let reply = shared.redis.run_synced(|conn| {
             scripts::acquire(conn, lock, &marker, &keys(&pending), lease_ms, held + 1, n)
         });
-        let reply = match reply {
-            Ok(reply) => reply,
-            Err(e) => {
-                if e.maybe_applied() {
-                    // The request may have run, or run later: undo it in the
+        let unsynced = match &reply {
+            Ok((None, Synced::No { wanted, acked })) => Some(Error::ReplicaSync {
+                name: self.name.clone(),
+                wanted: *wanted,
+                acked: *acked,
+            }),
+            _ => None,
+        };
+        if unsynced.is_some() {
+            // The requests it carried ran with it.
+            settle(shared.id, &pending);
+        }
+        let reply = match (reply, unsynced) {
+            (Ok((reply, _)), None) => reply,
+            (Ok(_), Some(e)) | (Err(e), _) => {
+                if e.maybe_applied() || e.is_replica_sync() {
+                    // The request may have run, or run later (or ran, but too
+                    // few replicas confirmed it): undo it in the
                     // background (this call stays within its response
                     // timeout); until then this owner's next operations on
                     // the lock mark it done first, and the hold stays bounded

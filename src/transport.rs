@@ -367,6 +367,10 @@ pub(crate) struct Connection {
     /// `false` once a write or read failed or timed out: a late reply may
     /// still come, so the connection is never used again.
     open: bool,
+    /// A packed `WAIT` sent behind every request while set (replica sync),
+    /// in the same write, and its reply.
+    wait: Option<Vec<u8>>,
+    waited: Option<i64>,
 }
 
 impl Connection {
@@ -386,7 +390,25 @@ impl Connection {
             parser,
             db: endpoint.db,
             open: true,
+            wait: None,
+            waited: None,
         })
+    }
+
+    /// Sends `WAIT replicas timeout` behind each request from now on (in
+    /// the same round trip), or stops doing so (`None`).
+    pub(crate) fn set_wait(&mut self, wait: Option<(u32, Duration)>) {
+        self.waited = None;
+        self.wait = wait.map(|(n, t)| {
+            let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX).max(1);
+            redis::cmd("WAIT").arg(n).arg(ms).get_packed_command()
+        });
+    }
+
+    /// The reply of the last `WAIT` (how many replicas acknowledged), if one
+    /// was sent and answered with a number.
+    pub(crate) fn waited(&self) -> Option<i64> {
+        self.waited
     }
 
     pub(crate) fn set_timeouts(&self, timeout: Duration) -> io::Result<()> {
@@ -400,10 +422,31 @@ impl Connection {
                 "the connection failed before",
             )));
         }
-        self.stream.write_all(cmd).map_err(|e| {
+        self.waited = None;
+        let written = match &self.wait {
+            Some(wait) => {
+                let mut buf = Vec::with_capacity(cmd.len() + wait.len());
+                buf.extend_from_slice(cmd);
+                buf.extend_from_slice(wait);
+                self.stream.write_all(&buf)
+            }
+            None => self.stream.write_all(cmd),
+        };
+        written.map_err(|e| {
             self.open = false;
             RedisError::from(e)
         })
+    }
+
+    /// Reads the reply of the `WAIT` sent behind a request.
+    fn receive_wait(&mut self) -> RedisResult<()> {
+        if self.wait.is_some() {
+            self.waited = match self.receive()? {
+                Value::Int(n) => Some(n),
+                _ => None,
+            };
+        }
+        Ok(())
     }
 
     fn receive(&mut self) -> RedisResult<Value> {
@@ -416,7 +459,9 @@ impl Connection {
 impl ConnectionLike for Connection {
     fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
         self.send(cmd)?;
-        self.receive()
+        let reply = self.receive()?;
+        self.receive_wait()?;
+        Ok(reply)
     }
 
     fn req_packed_commands(
@@ -429,6 +474,7 @@ impl ConnectionLike for Connection {
         let mut replies = Vec::with_capacity(count);
         let mut first_error = None;
         for i in 0..offset + count {
+            // A failed read leaves the connection closed, WAIT reply and all.
             match self.receive()? {
                 Value::ServerError(e) if i < offset => {
                     first_error.get_or_insert(e);
@@ -437,6 +483,7 @@ impl ConnectionLike for Connection {
                 v => replies.push(v),
             }
         }
+        self.receive_wait()?;
         match first_error {
             Some(e) => Err(e.into()),
             None => Ok(replies),

@@ -36,7 +36,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::connection::Redis;
+use crate::connection::{Redis, Synced};
+use crate::error::Error;
 use crate::guard::{far_future, Hold, Lost, RenewToken, Sched, Unsettled};
 use crate::scripts;
 
@@ -375,7 +376,7 @@ impl Inner {
             let epoch = hold.as_ref().map(|h| h.epoch());
             let n = self.redis.next_request();
             let sent = Instant::now();
-            let result = self.redis.run(|conn| match u.kind {
+            let result = self.redis.run_synced(|conn| match u.kind {
                 Lost::Acquire { held, lease_ms } => {
                     scripts::cancel_acquire(conn, u.lock_ref(), &u.key, held, lease_ms, n)
                 }
@@ -393,6 +394,8 @@ impl Inner {
                 )
                 .map(|r| r.unwrap_or(0)),
             });
+            // Replica sync is best effort here: the request ran on the master.
+            let result = result.map(|(applied, _)| applied);
             match result {
                 Ok(applied) => {
                     if let (Lost::Acquire { held, lease_ms }, Some(h), Some(epoch), 1) =
@@ -442,7 +445,19 @@ impl Inner {
     fn renew(&self, batch: Vec<Renewal>) {
         let sent = Instant::now();
         self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
-        let result = self.redis.run(|conn| renew_batch(conn, &batch));
+        // Renewals too few replicas confirmed count as failed: the bounds
+        // stay where they were, and they are retried soon.
+        let result = self
+            .redis
+            .run_synced(|conn| renew_batch(conn, &batch))
+            .and_then(|(outcomes, synced)| match synced {
+                Synced::No { wanted, acked } => Err(Error::Redis(redis::RedisError::from((
+                    redis::ErrorKind::Extension,
+                    "renewals not confirmed by replicas",
+                    format!("{acked} of {wanted} replica(s) acknowledged"),
+                )))),
+                _ => Ok(outcomes),
+            });
         let mut again = Vec::with_capacity(batch.len());
         let mut idle = Vec::new();
         let now = Instant::now();

@@ -1,0 +1,150 @@
+//! Replica sync (`sync_replicas`): lock writes are followed by `WAIT` in the
+//! same round trip, capped by the replicas the master has. The replica is
+//! stopped (SIGSTOP) to make WAIT time out deterministically.
+mod support;
+
+use std::time::{Duration, Instant};
+
+use redlease::Client;
+use support::{wait_until, RedisServer};
+
+fn master_and_replica() -> (RedisServer, RedisServer) {
+    let master = RedisServer::start_with_args(&["--repl-diskless-sync-delay", "0"]);
+    let port = master.port().to_string();
+    let replica = RedisServer::start_with_args(&["--replicaof", "127.0.0.1", &port]);
+    wait_until("the replica to sync", Duration::from_secs(20), || {
+        replica.info_field("replication", "master_link_status") == "up"
+    });
+    (master, replica)
+}
+
+fn client(master: &RedisServer, wait: Duration) -> Client {
+    Client::builder(master.url())
+        .sync_replicas(1, wait)
+        .retry_attempts(2)
+        .build()
+        .expect("client")
+}
+
+/// With a live replica every lock write is confirmed: the replica has the
+/// lock as soon as `lock()` returns, and has lost it once `unlock()` returns.
+#[test]
+fn confirmed_writes_are_on_the_replica_when_the_call_returns() {
+    let (master, replica) = master_and_replica();
+    let c = client(&master, Duration::from_secs(1));
+    let mut r = replica.conn();
+    for i in 0..50 {
+        let name = format!("sync:{i}");
+        let g = c.lock(name.as_str()).lock().unwrap();
+        let on_replica: bool = redis::cmd("EXISTS").arg(&name).query(&mut r).unwrap();
+        assert!(on_replica, "{name} on the replica when lock() returned");
+        g.unlock().unwrap();
+        let on_replica: bool = redis::cmd("EXISTS").arg(&name).query(&mut r).unwrap();
+        assert!(
+            !on_replica,
+            "{name} gone from the replica when unlock() returned"
+        );
+    }
+}
+
+/// A replica that does not answer: the acquisition is undone, retried, and
+/// reported as `ReplicaSync`; the lock is not left held. With sync off the
+/// same lock is taken at once.
+#[test]
+fn unconfirmed_acquisition_is_undone_and_reported() {
+    let (master, replica) = master_and_replica();
+    let wait = Duration::from_millis(200);
+    let c = client(&master, wait);
+    c.lock("warm").lock().unwrap().unlock().unwrap(); // replica count read
+    replica.pause();
+    let started = Instant::now();
+    let err = c
+        .lock("sync:stuck")
+        .try_lock()
+        .expect_err("no replica confirms");
+    let took = started.elapsed();
+    eprintln!("unconfirmed acquisition ({took:?}): {err}");
+    assert!(err.is_replica_sync(), "{err:?}");
+    assert!(
+        took < wait * 3 + Duration::from_secs(2),
+        "three tries of {wait:?} ({took:?})"
+    );
+    wait_until(
+        "the unconfirmed acquisition to be undone",
+        Duration::from_secs(10),
+        || master.cmd(&["EXISTS", "sync:stuck"]) == "0",
+    );
+    let off = Client::builder(master.url())
+        .sync_replicas(0, Duration::ZERO)
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let g = off.lock("sync:stuck").lock().unwrap();
+    assert!(started.elapsed() < wait, "no WAIT with sync off");
+    drop(g);
+    replica.resume();
+    c.lock("sync:stuck")
+        .lock()
+        .expect("confirmed again")
+        .unlock()
+        .unwrap();
+}
+
+/// A master whose replica is gone takes lock writes without WAIT rather than
+/// failing every lock.
+#[test]
+fn a_master_without_replicas_takes_writes_without_wait() {
+    let (master, replica) = master_and_replica();
+    let c = client(&master, Duration::from_millis(300));
+    c.lock("warm").lock().unwrap().unlock().unwrap();
+    drop(replica); // killed
+    wait_until(
+        "the master to see its replica gone",
+        Duration::from_secs(10),
+        || master.info_field("replication", "connected_slaves") == "0",
+    );
+    for i in 0..5 {
+        let g = c
+            .lock(format!("nosync:{i}"))
+            .lock()
+            .unwrap_or_else(|e| panic!("lock {i} with no replica left: {e:?}"));
+        g.unlock().unwrap();
+    }
+}
+
+/// Watched locks are renewed with WAIT too; a stuck replica makes renewals
+/// fail (unconfirmed) without losing a lock whose lease has time left.
+#[test]
+fn renewals_are_synced_and_unconfirmed_ones_count_as_failed() {
+    let (master, replica) = master_and_replica();
+    let c = Client::builder(master.url())
+        .sync_replicas(1, Duration::from_millis(100))
+        .watchdog_timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let g = c
+        .lock("sync:watched")
+        .with_renew_interval(Duration::from_millis(200))
+        .lock()
+        .unwrap();
+    wait_until("a renewal", Duration::from_secs(10), || {
+        c.stats().renewals >= 2
+    });
+    replica.pause();
+    let before = c.stats().renewals;
+    std::thread::sleep(Duration::from_millis(1000));
+    let during = c.stats().renewals - before;
+    assert!(g.ensure_held().is_ok(), "the lease has time left");
+    replica.resume();
+    wait_until(
+        "renewals to be confirmed again",
+        Duration::from_secs(10),
+        || c.stats().renewals >= before + during + 2,
+    );
+    eprintln!("confirmed renewals while the replica was stopped: {during}");
+    assert!(
+        during <= 1,
+        "unconfirmed renewals are not counted ({during})"
+    );
+    g.unlock().unwrap();
+}
