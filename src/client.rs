@@ -10,6 +10,7 @@ use crate::connection::{PoolSettings, Redis, SyncReplicas};
 use crate::error::{Error, Result};
 use crate::lock::{check_lease, duration_ms, Lock, MIN_RENEW_INTERVAL};
 use crate::pubsub::PubSub;
+use crate::target::{Sentinel, Target};
 use crate::transport::{Endpoint, TlsOptions};
 use crate::watchdog::{LostCallback, Watchdog};
 
@@ -100,6 +101,54 @@ impl Client {
         ClientBuilder::new(info.into_connection_info())
     }
 
+    /// Starts configuring a client for the master of a Sentinel group:
+    /// `sentinels` are the sentinels' addresses (urls or
+    /// [`redis::ConnectionInfo`]s, each with its own credentials;
+    /// `rediss://` sentinels mean TLS to the data nodes too), `master_name`
+    /// the name they monitor. Credentials for the data nodes are set with
+    /// [`ClientBuilder::master_auth`].
+    ///
+    /// The client finds the master through any reachable sentinel, checks
+    /// it with `ROLE`, and follows failovers: after a connection failure,
+    /// `READONLY` or `MASTERDOWN`, and once a second against the sentinels,
+    /// it finds the master again; connections to the old one are dropped,
+    /// waiters are woken to retry on the new one, the watchdog renews there,
+    /// and `lock()` keeps waiting through the failover.
+    ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// let client = redlease::Client::sentinel_builder(
+    ///     ["redis://10.0.0.1:26379/", "redis://10.0.0.2:26379/", "redis://10.0.0.3:26379/"],
+    ///     "mymaster",
+    /// )
+    /// .master_auth(Some("locker"), "secret")
+    /// .build()?;
+    /// let guard = client.lock("orders:42").lock()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn sentinel_builder<I>(sentinels: I, master_name: &str) -> ClientBuilder
+    where
+        I: IntoIterator,
+        I::Item: redis::IntoConnectionInfo,
+    {
+        let sentinels: Vec<_> = sentinels
+            .into_iter()
+            .map(redis::IntoConnectionInfo::into_connection_info)
+            .collect();
+        let mut b = ClientBuilder::new(Err(redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "no sentinel given",
+        ))));
+        b.sentinel = Some(SentinelSettings {
+            sentinels,
+            master_name: master_name.to_owned(),
+            username: None,
+            password: None,
+            db: 0,
+        });
+        b
+    }
+
     /// A handle on the lock named `name` (any UTF-8, including braces,
     /// newlines and NUL). Cheap and infallible: the name is checked when the
     /// lock is used.
@@ -184,6 +233,7 @@ pub struct ClientStats {
 #[must_use = "a builder does nothing until build() is called"]
 pub struct ClientBuilder {
     info: std::result::Result<redis::ConnectionInfo, redis::RedisError>,
+    sentinel: Option<SentinelSettings>,
     tls: TlsOptions,
     pool_size: u32,
     min_idle: Option<u32>,
@@ -197,6 +247,15 @@ pub struct ClientBuilder {
     on_lock_lost: Option<LostCallback>,
 }
 
+/// What `sentinel_builder` took.
+struct SentinelSettings {
+    sentinels: Vec<redis::RedisResult<redis::ConnectionInfo>>,
+    master_name: String,
+    username: Option<String>,
+    password: Option<String>,
+    db: i64,
+}
+
 /// The most `retry_attempts` accepted.
 const MAX_RETRY_ATTEMPTS: u32 = 100;
 
@@ -204,6 +263,7 @@ impl ClientBuilder {
     fn new(info: redis::RedisResult<redis::ConnectionInfo>) -> ClientBuilder {
         ClientBuilder {
             info,
+            sentinel: None,
             tls: TlsOptions::default(),
             pool_size: 16,
             min_idle: Some(1),
@@ -219,6 +279,26 @@ impl ClientBuilder {
             },
             on_lock_lost: None,
         }
+    }
+
+    /// For a [`Client::sentinel_builder`]: the username (ACL) and password
+    /// of the data nodes (master and replicas). Defaults to none. Has no
+    /// effect on a client for one server (its url carries them).
+    pub fn master_auth(mut self, username: Option<&str>, password: &str) -> Self {
+        if let Some(s) = &mut self.sentinel {
+            s.username = username.map(str::to_owned);
+            s.password = Some(password.to_owned());
+        }
+        self
+    }
+
+    /// For a [`Client::sentinel_builder`]: the database number on the data
+    /// nodes. Defaults to 0.
+    pub fn master_db(mut self, db: i64) -> Self {
+        if let Some(s) = &mut self.sentinel {
+            s.db = db;
+        }
+        self
     }
 
     /// Replica sync, as Redisson's `checkLockSyncedSlaves`: every write that
@@ -427,17 +507,74 @@ impl ClientBuilder {
                 MIN_RENEW_INTERVAL * 2
             )));
         }
-        let info = self.info.map_err(|e| {
+        let bad_url = |e: redis::RedisError| {
             Error::InvalidUrl(format!(
                 "{e}; use redis://[user[:password]@]host[:port][/db], rediss://... for TLS, \
                  or redis+unix:///path"
             ))
-        })?;
-        let server = describe(&info);
-        let endpoint = Endpoint::new(&info, &self.tls)
-            .map_err(|e| Error::InvalidUrl(format!("{server}: {e}")))?;
+        };
+        let (target, server) = match &self.sentinel {
+            None => {
+                let info = self.info.map_err(bad_url)?;
+                let server = describe(&info);
+                let endpoint = Endpoint::new(&info, &self.tls)
+                    .map_err(|e| Error::InvalidUrl(format!("{server}: {e}")))?;
+                (Target::Fixed(endpoint), server)
+            }
+            Some(s) => {
+                if s.sentinels.is_empty() {
+                    return Err(Error::invalid(
+                        "no sentinel address given: pass at least one (three or more in \
+                         production)",
+                    ));
+                }
+                if s.master_name.is_empty() {
+                    return Err(Error::invalid(
+                        "the master name is empty: give the name the sentinels monitor",
+                    ));
+                }
+                let mut sentinels = Vec::with_capacity(s.sentinels.len());
+                let mut template = None;
+                for info in &s.sentinels {
+                    let info = info.clone().map_err(bad_url)?;
+                    let at = describe(&info);
+                    sentinels.push(
+                        Endpoint::new(&info, &self.tls)
+                            .map_err(|e| Error::InvalidUrl(format!("sentinel {at}: {e}")))?,
+                    );
+                    if template.is_none() {
+                        let mut redis = redis::RedisConnectionInfo::default().set_db(s.db);
+                        if let Some(u) = &s.username {
+                            redis = redis.set_username(u);
+                        }
+                        if let Some(p) = &s.password {
+                            redis = redis.set_password(p);
+                        }
+                        let data = info.set_redis_settings(redis);
+                        template = Some(
+                            Endpoint::new(&data, &self.tls)
+                                .map_err(|e| Error::InvalidUrl(format!("{at}: {e}")))?,
+                        );
+                    }
+                }
+                let template = template.expect("at least one sentinel");
+                let server = format!(
+                    "master {:?} of {} sentinel(s)",
+                    s.master_name,
+                    sentinels.len()
+                );
+                let sentinel = Sentinel::new(
+                    s.master_name.clone(),
+                    sentinels,
+                    template,
+                    self.connection_timeout,
+                    self.response_timeout,
+                );
+                (Target::Sentinel(Arc::new(sentinel)), server)
+            }
+        };
         let redis = Arc::new(Redis::new(
-            endpoint.clone(),
+            target.clone(),
             PoolSettings {
                 max_size: self.pool_size,
                 min_idle: self.min_idle,
@@ -454,13 +591,26 @@ impl ClientBuilder {
             uuid: uuid::Uuid::new_v4().to_string(),
             server,
             watchdog: Watchdog::new(Arc::clone(&redis), self.on_lock_lost),
-            pubsub: PubSub::new(endpoint, self.connection_timeout, self.response_timeout),
+            pubsub: PubSub::new(
+                target.clone(),
+                self.connection_timeout,
+                self.response_timeout,
+            ),
             redis,
             watchdog_timeout: self.watchdog_timeout,
             latch_ttl_ms: duration_ms(self.response_timeout)
                 .saturating_mul(4)
                 .max(1000),
         };
+        if let Target::Sentinel(s) = &target {
+            // A new master: drop every pooled connection made before, and
+            // have the subscriber move (it wakes its waiters to retry).
+            let epoch = shared.redis.epoch();
+            s.on_change(move || {
+                epoch.fetch_add(1, Ordering::AcqRel);
+            });
+            s.on_change(shared.pubsub.kicker());
+        }
         Ok(Client {
             shared: Arc::new(shared),
         })

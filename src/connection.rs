@@ -9,7 +9,8 @@ use redis::ConnectionLike;
 
 use crate::error::{is_io_failure, Error, Result};
 use crate::lock::duration_ms;
-use crate::transport::{Connection, Endpoint};
+use crate::target::Target;
+use crate::transport::Connection;
 
 /// A pooled connection and the pool epoch it was made in; or, when Redis
 /// refused the credentials or the TLS settings, that refusal.
@@ -53,7 +54,7 @@ pub(crate) struct Counters {
 /// is how a Redis restart clears every stale pooled connection at once.
 #[derive(Clone)]
 pub(crate) struct Manager {
-    endpoint: Endpoint,
+    pub(crate) target: Target,
     connect_timeout: Duration,
     response_timeout: Duration,
     epoch: Arc<AtomicU64>,
@@ -79,13 +80,13 @@ impl std::error::Error for ManagerError {}
 
 impl Manager {
     pub(crate) fn new(
-        endpoint: Endpoint,
+        target: Target,
         connect_timeout: Duration,
         response_timeout: Duration,
         epoch: Arc<AtomicU64>,
     ) -> Manager {
         Manager {
-            endpoint,
+            target,
             connect_timeout,
             response_timeout,
             epoch,
@@ -99,7 +100,10 @@ impl r2d2::ManageConnection for Manager {
 
     fn connect(&self) -> Result<Conn, ManagerError> {
         let epoch = self.epoch.load(Ordering::Acquire);
-        match Connection::open(&self.endpoint, self.connect_timeout, self.response_timeout) {
+        let opened = self.target.endpoint().and_then(|endpoint| {
+            Connection::open(&endpoint, self.connect_timeout, self.response_timeout)
+        });
+        match opened {
             Ok(inner) => Ok(Conn {
                 link: Ok(inner),
                 epoch,
@@ -114,7 +118,10 @@ impl r2d2::ManageConnection for Manager {
                     epoch,
                 })
             }
-            Err(e) => Err(ManagerError::Redis(e)),
+            Err(e) => {
+                self.target.suspect();
+                Err(ManagerError::Redis(e))
+            }
         }
     }
 
@@ -187,6 +194,10 @@ pub(crate) enum Synced {
     No { wanted: u32, acked: u32 },
 }
 
+/// How often the sentinels are asked whether the master moved (Redisson's
+/// `scanInterval`).
+const MASTER_CHECK: Duration = Duration::from_secs(1);
+
 /// How long the master's replica count is trusted before it is read again.
 const REPLICAS_FRESH: Duration = Duration::from_secs(1);
 
@@ -202,7 +213,7 @@ pub(crate) struct PoolSettings {
 
 impl Redis {
     pub(crate) fn new(
-        endpoint: Endpoint,
+        target: Target,
         settings: PoolSettings,
         response_timeout: Duration,
         retry_attempts: u32,
@@ -212,7 +223,7 @@ impl Redis {
         Redis {
             pool: OnceLock::new(),
             manager: Manager::new(
-                endpoint,
+                target,
                 settings.connection_timeout,
                 response_timeout,
                 Arc::clone(&epoch),
@@ -319,9 +330,35 @@ impl Redis {
         Ok((v, Synced::No { wanted, acked }))
     }
 
+    /// The pool's epoch: bumping it discards every pooled connection made
+    /// before (the master moved).
+    pub(crate) fn epoch(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.epoch)
+    }
+
     fn pool(&self) -> &r2d2::Pool<Manager> {
         self.pool.get_or_init(|| {
             let s = &self.settings;
+            // One thread (not r2d2's default three) opens connections; it
+            // also runs the Sentinel master check.
+            let threads = Arc::new(
+                scheduled_thread_pool::ScheduledThreadPool::builder()
+                    .num_threads(1)
+                    .thread_name_pattern("redlease-connect")
+                    // Exit with the pool, not after r2d2's next reaper tick.
+                    .on_drop_behavior(
+                        scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled,
+                    )
+                    .build(),
+            );
+            if let Target::Sentinel(sentinel) = &self.manager.target {
+                let sentinel = Arc::downgrade(sentinel);
+                threads.execute_at_fixed_rate(MASTER_CHECK, MASTER_CHECK, move || {
+                    if let Some(s) = sentinel.upgrade() {
+                        s.check();
+                    }
+                });
+            }
             r2d2::Pool::builder()
                 .max_size(s.max_size)
                 .min_idle(s.min_idle)
@@ -330,17 +367,7 @@ impl Redis {
                 .connection_timeout(s.connection_timeout)
                 .test_on_check_out(true)
                 .error_handler(Box::new(WarnOnError))
-                // One thread (not r2d2's default three) opens connections.
-                .thread_pool(Arc::new(
-                    scheduled_thread_pool::ScheduledThreadPool::builder()
-                        .num_threads(1)
-                        .thread_name_pattern("redlease-connect")
-                        // Exit with the pool, not after r2d2's next reaper tick.
-                        .on_drop_behavior(
-                            scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled,
-                        )
-                        .build(),
-                ))
+                .thread_pool(threads)
                 .build_unchecked(self.manager.clone())
         })
     }
@@ -356,6 +383,11 @@ impl Redis {
             Ok(_) => Ok(()),
             Err(r) => Err(Error::Redis(r.error.clone())),
         }
+    }
+
+    /// Where connections go.
+    pub(crate) fn target(&self) -> &Target {
+        &self.manager.target
     }
 
     /// Retries of a dropped request (the client's `retry_attempts`).
@@ -434,7 +466,15 @@ impl Redis {
             match result {
                 Ok(v) => return Ok(v),
                 Err(e) => {
+                    if matches!(e.code(), Some("READONLY" | "MASTERDOWN")) {
+                        // Talking to a replica, or a master cut off from its
+                        // group: find the master again, and drop what we
+                        // have.
+                        self.manager.target.suspect();
+                        self.mark_failure(&mut conn);
+                    }
                     if is_connection_failure(&e) {
+                        self.manager.target.suspect();
                         self.mark_failure(&mut conn);
                         if retries < self.retry_attempts
                             && e.is_connection_dropped()

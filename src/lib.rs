@@ -82,6 +82,7 @@ mod guard;
 mod lock;
 mod pubsub;
 mod scripts;
+mod target;
 mod transport;
 mod watchdog;
 

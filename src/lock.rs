@@ -11,6 +11,7 @@ use crate::guard::{
     insert_hold, keys, owner_state, settle, settle_later, Hold, LockGuard, Lost, Unsettled,
 };
 use crate::scripts::{self, LockRef};
+use crate::watchdog::jitter;
 
 /// The shortest renewal interval the watchdog accepts. Renewing thousands of
 /// locks more often than this would turn the watchdog into a load on Redis.
@@ -318,7 +319,7 @@ impl Lock {
     /// until the deadline.
     fn acquire(&self, wait: Wait, terms: &Terms) -> Result<Option<LockGuard>> {
         let deadline = wait.deadline();
-        if let Attempt::Acquired(g) = self.attempt_synced(terms)? {
+        if let Attempt::Acquired(g) = self.attempt_through_failover(terms, deadline)? {
             return Ok(Some(g));
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -331,7 +332,7 @@ impl Lock {
         loop {
             // An error drops the subscription, which passes a wake-up this
             // retry took on to another waiter.
-            let attempt = self.attempt_synced(terms)?;
+            let attempt = self.attempt_through_failover(terms, deadline)?;
             subscription.used();
             let ttl = match attempt {
                 Attempt::Acquired(g) => return Ok(Some(g)),
@@ -360,6 +361,34 @@ impl Lock {
             match self.attempt(terms) {
                 Err(e) if e.is_replica_sync() && tries < self.redis().retry_attempts() => {
                     tries += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// [`attempt_synced`](Lock::attempt_synced), riding out a failover of a
+    /// Sentinel group's master: a failure a failover causes (no connection,
+    /// `READONLY`, `MASTERDOWN`, no master known yet) is retried after a
+    /// growing pause (50 ms to 500 ms, jittered) until the deadline; an
+    /// error is returned when the next try would pass it.
+    fn attempt_through_failover(
+        &self,
+        terms: &Terms,
+        deadline: Option<Instant>,
+    ) -> Result<Attempt> {
+        let mut pause = Duration::from_millis(50);
+        loop {
+            match self.attempt_synced(terms) {
+                Err(e) if self.redis().target().can_move() && is_failover_symptom(&e) => {
+                    let now = Instant::now();
+                    let wait = jitter(pause, 0.5);
+                    if deadline.is_some_and(|d| now + wait >= d) {
+                        return Err(e);
+                    }
+                    log::debug!("redlease: {:?}: {e}; trying again in {wait:?}", self.name);
+                    std::thread::sleep(wait);
+                    pause = (pause * 2).min(Duration::from_millis(500));
                 }
                 other => return other,
             }
@@ -489,6 +518,12 @@ impl Lock {
         }
         Ok(Attempt::Acquired(guard))
     }
+}
+
+/// What a failover of the master looks like from a client.
+fn is_failover_symptom(e: &Error) -> bool {
+    e.is_connection_error()
+        || matches!(e, Error::Redis(r) if matches!(r.code(), Some("READONLY" | "MASTERDOWN" | "LOADING")))
 }
 
 pub(crate) fn duration_ms(d: Duration) -> u64 {

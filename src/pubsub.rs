@@ -50,11 +50,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 
 use crate::error::{Error, Result};
-use crate::transport::{Endpoint, Stream};
+use crate::target::Target;
+use crate::transport::Stream;
 use crate::watchdog::jitter;
 
 /// First wait before retrying a connection that has not proven itself.
@@ -271,7 +272,11 @@ impl Outbox {
 }
 
 struct Inner {
-    endpoint: Endpoint,
+    target: Target,
+    /// Set by [`PubSub::kicker`]'s closure (the master moved): reconnect at
+    /// once. The channel wakes a reconnect backoff.
+    kicked: AtomicBool,
+    kick: (Sender<()>, Receiver<()>),
     connect_timeout: Duration,
     response_timeout: Duration,
     ping_interval: Duration,
@@ -295,13 +300,15 @@ pub(crate) struct PubSub {
 
 impl PubSub {
     pub(crate) fn new(
-        endpoint: Endpoint,
+        target: Target,
         connect_timeout: Duration,
         response_timeout: Duration,
     ) -> PubSub {
         PubSub {
             inner: Arc::new(Inner {
-                endpoint,
+                target,
+                kicked: AtomicBool::new(false),
+                kick: crossbeam_channel::bounded(1),
                 connect_timeout,
                 response_timeout,
                 ping_interval: response_timeout.clamp(MIN_PING_INTERVAL, MAX_PING_INTERVAL),
@@ -320,6 +327,23 @@ impl PubSub {
                 reconnects: AtomicU64::new(0),
             }),
             thread: Mutex::new(None),
+        }
+    }
+
+    /// A closure that makes the subscriber drop its connection and connect
+    /// again at once (the master moved); it wakes every waiter once the new
+    /// connection has subscribed.
+    pub(crate) fn kicker(&self) -> impl Fn() + Send + Sync + 'static {
+        let inner = Arc::downgrade(&self.inner);
+        move || {
+            if let Some(inner) = inner.upgrade() {
+                inner.kicked.store(true, Ordering::Release);
+                let _ = inner.kick.0.try_send(());
+                let stream = inner.out.lock().stream.clone();
+                if let Some(s) = stream {
+                    s.shutdown();
+                }
+            }
         }
     }
 
@@ -691,9 +715,10 @@ impl Inner {
         let mut pause: Option<Duration> = None;
         while !self.shutdown.load(Ordering::Acquire) {
             if let Some(d) = pause.take() {
-                match stop.recv_timeout(d) {
-                    Err(RecvTimeoutError::Timeout) => {}
-                    _ => break,
+                crossbeam_channel::select! {
+                    recv(stop) -> _ => break,
+                    recv(self.kick.1) -> _ => {}
+                    default(d) => {}
                 }
                 continue;
             }
@@ -708,6 +733,13 @@ impl Inner {
                     stream.shutdown();
                     if self.shutdown.load(Ordering::Acquire) {
                         break;
+                    }
+                    if self.kicked.swap(false, Ordering::AcqRel) {
+                        // The master moved: go to the new one now.
+                        while self.kick.1.try_recv().is_ok() {}
+                        backoff = MIN_BACKOFF;
+                        log::info!("redlease-pubsub: the master moved; reconnecting");
+                        continue;
                     }
                     // The connection had proven itself: replace it at once,
                     // unless that was done less than a second ago (a server
@@ -727,6 +759,7 @@ impl Inner {
                     }
                 }
                 Err(e) => {
+                    self.target.suspect();
                     let d = jitter(backoff, 0.5);
                     log::warn!("redlease-pubsub: {e}; retrying in {d:?}");
                     backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -742,14 +775,17 @@ impl Inner {
     /// returns what to log.
     fn connect(&self) -> std::result::Result<(Arc<Stream>, redis::Parser), String> {
         let ping = redis::cmd("PING").get_packed_command();
-        let (stream, parser, replies) = self
-            .endpoint
+        let endpoint = self
+            .target
+            .endpoint()
+            .map_err(|e| format!("cannot find redis ({e})"))?;
+        let (stream, parser, replies) = endpoint
             .connect(
                 self.connect_timeout,
                 self.response_timeout,
                 &[("PING", ping)],
             )
-            .map_err(|e| format!("cannot connect to redis at {} ({e})", self.endpoint.addr))?;
+            .map_err(|e| format!("cannot connect to redis at {} ({e})", endpoint.addr))?;
         if !replies.first().is_some_and(is_pong) {
             return Err("unexpected reply to PING from redis".to_owned());
         }

@@ -138,6 +138,17 @@ impl Endpoint {
         })
     }
 
+    /// The same settings for another server (a Sentinel group's master).
+    pub(crate) fn with_addr(&self, addr: Addr) -> Endpoint {
+        let mut e = self.clone();
+        #[cfg(feature = "tls")]
+        if let (Some(tls), Addr::Tcp(host, _)) = (&e.tls, &addr) {
+            e.tls = Some(tls.for_host(host));
+        }
+        e.addr = addr;
+        e
+    }
+
     /// Opens a stream and runs the handshake: AUTH and SELECT as configured,
     /// then `extra` (already packed), all written at once; each reply is
     /// checked, and the replies to `extra` are returned. The TCP connect
@@ -603,6 +614,16 @@ mod tls {
                 config: Arc::new(config),
                 name,
             })
+        }
+
+        /// The same configuration, checking the certificate against `host`
+        /// (an IP address or a DNS name).
+        pub(crate) fn for_host(&self, host: &str) -> Tls {
+            let name = ServerName::try_from(host.to_owned()).unwrap_or_else(|_| self.name.clone());
+            Tls {
+                config: Arc::clone(&self.config),
+                name,
+            }
         }
 
         /// Runs the TLS handshake on a connected socket, within `timeout`.
