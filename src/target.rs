@@ -116,14 +116,25 @@ impl Sentinel {
     /// master's address, and checks with `ROLE` that it is a master.
     fn resolve(&self) -> RedisResult<Endpoint> {
         let mut failures = Vec::new();
+        let mut refusal = None;
         for i in 0..self.sentinels.len() {
             match self.ask(i).and_then(|addr| self.verify(addr)) {
                 Ok(endpoint) => {
                     self.switch(&endpoint);
                     return Ok(endpoint);
                 }
-                Err(e) => failures.push(format!("{}: {e}", self.sentinels[i].addr)),
+                Err(e) => {
+                    failures.push(format!("{}: {e}", self.sentinels[i].addr));
+                    if crate::connection::is_refusal(&e) {
+                        refusal.get_or_insert(e);
+                    }
+                }
             }
+        }
+        if let Some(e) = refusal.filter(|_| failures.len() == self.sentinels.len()) {
+            // Credentials or certificates refused (by a sentinel or the
+            // master): say so, rather than "no master".
+            return Err(e);
         }
         Err(RedisError::from((
             ErrorKind::Io,

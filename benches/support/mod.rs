@@ -98,6 +98,12 @@ pub fn cpus_allowed(pid: u32) -> String {
 /// [`REDIS_CORE`].
 pub fn start_server() -> RedisServer {
     let server = RedisServer::start();
+    pin(&server);
+    server
+}
+
+/// Pins a running server to [`REDIS_CORE`] (when pinning).
+pub fn pin(server: &RedisServer) {
     let pid = server.pid().expect("redis-server runs after start");
     if pinning_wanted() {
         println!("PIN: redis-server {}", taskset(pid, REDIS_CORE));
@@ -106,7 +112,6 @@ pub fn start_server() -> RedisServer {
             cpus_allowed(pid)
         );
     }
-    server
 }
 
 /// `redis-benchmark`, pinned to [`CLIENT_CORE`] when pinning.
