@@ -323,7 +323,8 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 const LOCKER_RULE: &str = "on >lockpw resetkeys ~orders:* ~redisson_lock__channel:* \
     ~redisson_unlock_latch:* ~redlease_acquire_cancel:* ~redlease_force_unlock_latch:* \
     resetchannels &redisson_lock__channel:* -@all +eval +evalsha +exists +get +set +del \
-    +hset +hget +hmget +hexists +hdel +pexpire +pttl +publish +subscribe +unsubscribe +ping";
+    +hset +hget +hmget +hexists +hdel +pexpire +pttl +publish +subscribe +unsubscribe +ping \
+    +role +wait";
 
 fn acl(srv: &RedisServer, user: &str, rule: &str) {
     let mut args = vec!["ACL", "SETUSER", user];

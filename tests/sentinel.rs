@@ -40,19 +40,45 @@ impl Drop for SentinelProc {
     }
 }
 
+/// The sentinels' `requirepass`, when the group is started with auth.
+const SENTINEL_PW: &str = "sentpw";
+
 struct Group {
+    auth: bool,
     sentinels: Vec<SentinelProc>,
     /// The data nodes; index 0 is the first master.
     nodes: Vec<RedisServer>,
 }
 
-fn sentinel_cmd(port: u16, args: &[&str]) -> Option<Resp> {
-    raw_command(
-        SocketAddr::from(([127, 0, 0, 1], port)),
-        args,
-        Duration::from_secs(2),
-    )
-    .ok()
+fn sentinel_cmd(port: u16, auth: bool, args: &[&str]) -> Option<Resp> {
+    if !auth {
+        return raw_command(
+            SocketAddr::from(([127, 0, 0, 1], port)),
+            args,
+            Duration::from_secs(2),
+        )
+        .ok();
+    }
+    let url = format!("redis://:{SENTINEL_PW}@127.0.0.1:{port}/");
+    let mut c = redis::Client::open(url)
+        .ok()?
+        .get_connection_with_timeout(Duration::from_secs(2))
+        .ok()?;
+    let v: redis::Value = redis::cmd(args[0]).arg(&args[1..]).query(&mut c).ok()?;
+    Some(match v {
+        redis::Value::SimpleString(s) => Resp::Simple(s),
+        redis::Value::Okay => Resp::Simple("OK".into()),
+        redis::Value::Array(a) => Resp::Array(Some(
+            a.into_iter()
+                .map(|x| match x {
+                    redis::Value::BulkString(b) => Resp::Bulk(Some(b)),
+                    other => Resp::Simple(format!("{other:?}")),
+                })
+                .collect(),
+        )),
+        redis::Value::BulkString(b) => Resp::Bulk(Some(b)),
+        other => Resp::Simple(format!("{other:?}")),
+    })
 }
 
 fn text(r: &Resp) -> String {
@@ -65,7 +91,9 @@ fn text(r: &Resp) -> String {
 }
 
 impl Group {
-    fn start() -> Group {
+    /// With `auth`, the sentinels want a password and the client talks to
+    /// the data nodes as an ACL user `locker`.
+    fn start(auth: bool) -> Group {
         let started = Instant::now();
         let master = RedisServer::start_with_args(&["--repl-diskless-sync-delay", "0"]);
         let mport = master.port().to_string();
@@ -84,6 +112,20 @@ impl Group {
                 n.info_field("replication", "master_link_status") == "up"
             });
         }
+        if auth {
+            // ACL users are not replicated: every node that may become
+            // master gets the user.
+            for n in &nodes {
+                let mut args = vec!["ACL", "SETUSER", "locker"];
+                args.extend(
+                    "on >lockpw ~* resetchannels &redisson_lock__channel:* -@all +eval \
+                     +evalsha +exists +get +set +del +hset +hget +hmget +hexists +hdel \
+                     +pexpire +pttl +publish +subscribe +unsubscribe +ping +role +wait"
+                        .split_whitespace(),
+                );
+                assert_eq!(n.cmd(&args), "OK");
+            }
+        }
         let mut sentinels = Vec::new();
         for i in 0..3 {
             let port = free_port();
@@ -101,8 +143,13 @@ impl Group {
                      sentinel monitor {MASTER} 127.0.0.1 {mport} 2\n\
                      sentinel down-after-milliseconds {MASTER} {}\n\
                      sentinel failover-timeout {MASTER} 2000\n\
-                     sentinel parallel-syncs {MASTER} 2\n",
+                     sentinel parallel-syncs {MASTER} 2\n{}",
                     DOWN_AFTER.as_millis(),
+                    if auth {
+                        format!("requirepass {SENTINEL_PW}\nsentinel sentinel-pass {SENTINEL_PW}\n")
+                    } else {
+                        String::new()
+                    },
                     d = dir.display()
                 ),
             )
@@ -117,16 +164,20 @@ impl Group {
                 .expect("start a sentinel");
             sentinels.push(SentinelProc { port, dir, child });
         }
-        let group = Group { sentinels, nodes };
+        let group = Group {
+            auth,
+            sentinels,
+            nodes,
+        };
         wait_until(
             "every sentinel to see 2 replicas and a quorum of 3",
             Duration::from_secs(30),
             || {
                 group.sentinels.iter().all(|s| {
-                    let quorum = sentinel_cmd(s.port, &["SENTINEL", "CKQUORUM", MASTER])
+                    let quorum = sentinel_cmd(s.port, auth, &["SENTINEL", "CKQUORUM", MASTER])
                         .map(|r| text(&r))
                         .unwrap_or_default();
-                    let replicas = sentinel_cmd(s.port, &["SENTINEL", "REPLICAS", MASTER]);
+                    let replicas = sentinel_cmd(s.port, auth, &["SENTINEL", "REPLICAS", MASTER]);
                     quorum.starts_with("OK 3")
                         && matches!(replicas, Some(Resp::Array(Some(r))) if r.len() == 2)
                 })
@@ -137,9 +188,14 @@ impl Group {
     }
 
     fn urls(&self) -> Vec<String> {
+        let pw = if self.auth {
+            format!(":{SENTINEL_PW}@")
+        } else {
+            String::new()
+        };
         self.sentinels
             .iter()
-            .map(|s| format!("redis://127.0.0.1:{}/", s.port))
+            .map(|s| format!("redis://{pw}127.0.0.1:{}/", s.port))
             .collect()
     }
 
@@ -150,6 +206,9 @@ impl Group {
             .response_timeout(Duration::from_millis(500));
         if !sync {
             b = b.sync_replicas(0, Duration::ZERO);
+        }
+        if self.auth {
+            b = b.master_auth(Some("locker"), "lockpw");
         }
         b.build().expect("a client through the sentinels")
     }
@@ -180,7 +239,7 @@ impl Group {
 
 #[test]
 fn sentinel_finds_the_master_and_locks_there() {
-    let g = Group::start();
+    let g = Group::start(false);
     let a = g.client(true);
     let b = g.client(true);
     let lock = a.lock("s:orders");
@@ -230,7 +289,7 @@ fn sentinel_finds_the_master_and_locks_there() {
 
 /// SIGKILL of the master with 50 watched locks held and a waiter waiting.
 fn failover(sync: bool) -> usize {
-    let g = Group::start();
+    let g = Group::start(false);
     let a = g.client(sync);
     let guards: Vec<LockGuard> = (0..50)
         .map(|i| a.lock(format!("f:{i}")).lock().unwrap())
@@ -325,4 +384,129 @@ fn failover_without_replica_sync_reports_what_it_lost() {
     // have carried the locks before the kill.
     let lost = failover(false);
     eprintln!("without replica sync: {lost} of 50 locks lost");
+}
+
+/// Credentials on every hop: the sentinels want a password (given in their
+/// urls), the data nodes are used as the ACL user `locker` (pool and
+/// subscriber connections alike); a wrong password at either hop is an
+/// `is_auth()` error at once.
+#[test]
+fn sentinel_and_master_credentials() {
+    let g = Group::start(true);
+    let a = g.client(true);
+    let b = g.client(true);
+    let held = a.lock("c:1").lock().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let waiter = thread::spawn(move || {
+        let r = b.lock("c:1").try_lock_for(Duration::from_secs(20));
+        tx.send(()).unwrap();
+        r.map(|g| g.is_some())
+    });
+    wait_until("the waiter to subscribe", Duration::from_secs(10), || {
+        g.nodes[0]
+            .cmd(&["PUBSUB", "NUMSUB", "redisson_lock__channel:{c:1}"])
+            .lines()
+            .nth(1)
+            .is_some_and(|n| n.trim() == "1")
+    });
+    let clients = g.nodes[0].cmd(&["CLIENT", "LIST"]);
+    let as_locker: Vec<&str> = clients
+        .lines()
+        .filter(|l| l.contains(" user=locker "))
+        .collect();
+    assert!(
+        as_locker.iter().any(|l| l.contains(" sub=1 ")),
+        "the subscriber authenticated as locker:\n{clients}"
+    );
+    assert!(
+        as_locker.len() >= 3,
+        "pool connections as locker too:\n{clients}"
+    );
+    held.unlock().unwrap();
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("the waiter ended");
+    assert!(waiter.join().unwrap().unwrap(), "the waiter acquired");
+
+    let wrong_sentinel: Vec<String> = g
+        .sentinels
+        .iter()
+        .map(|s| format!("redis://:nope@127.0.0.1:{}/", s.port))
+        .collect();
+    for (what, builder) in [
+        (
+            "sentinel password",
+            Client::sentinel_builder(wrong_sentinel, MASTER).master_auth(Some("locker"), "lockpw"),
+        ),
+        (
+            "master password",
+            Client::sentinel_builder(g.urls(), MASTER).master_auth(Some("locker"), "nope"),
+        ),
+    ] {
+        let started = Instant::now();
+        let err = builder
+            .connection_timeout(Duration::from_secs(5))
+            .build()
+            .expect_err(what);
+        let took = started.elapsed();
+        eprintln!("wrong {what} ({took:?}): {err}");
+        assert!(err.is_auth(), "wrong {what}: {err:?}");
+        assert!(
+            took < Duration::from_secs(1),
+            "wrong {what} at once ({took:?})"
+        );
+    }
+}
+
+/// `SENTINEL FAILOVER`: the old master keeps answering (as a master) for
+/// about 10 s, until Sentinel demotes it. The client's check of the
+/// sentinels once a second moves it to the new master within seconds, and
+/// the locks it held are there.
+#[test]
+fn graceful_failover_is_followed_within_seconds() {
+    let g = Group::start(false);
+    let a = g.client(true);
+    let guards: Vec<LockGuard> = (0..10)
+        .map(|i| a.lock(format!("gf:{i}")).lock().unwrap())
+        .collect();
+    let old = g.nodes[0].port();
+    let started = Instant::now();
+    let reply = sentinel_cmd(
+        g.sentinels[0].port,
+        false,
+        &["SENTINEL", "FAILOVER", MASTER],
+    );
+    assert!(
+        matches!(&reply, Some(Resp::Simple(s)) if s == "OK"),
+        "SENTINEL FAILOVER: {reply:?}"
+    );
+    let new = g.new_master(old);
+    let mut n = 0;
+    wait_until(
+        "the client to take new locks on the new master",
+        Duration::from_secs(15),
+        || {
+            n += 1;
+            let name = format!("gf:probe:{n}");
+            let guard = a
+                .lock(name.as_str())
+                .try_lock_for(Duration::from_secs(5))
+                .ok()
+                .flatten();
+            guard.is_some() && g.node(new).cmd(&["EXISTS", &name]) == "1"
+        },
+    );
+    let followed = started.elapsed();
+    eprintln!("graceful failover followed after {followed:?}");
+    assert!(
+        followed < Duration::from_secs(6),
+        "followed within seconds, not after the old master's ~10 s demotion ({followed:?})"
+    );
+    for (i, guard) in guards.iter().enumerate() {
+        assert!(guard.ensure_held().is_ok(), "gf:{i} held");
+        assert_eq!(
+            g.node(new).cmd(&["EXISTS", &format!("gf:{i}")]),
+            "1",
+            "gf:{i} on the new master"
+        );
+    }
 }
