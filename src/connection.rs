@@ -99,8 +99,11 @@ impl r2d2::ManageConnection for Manager {
     type Error = ManagerError;
 
     fn connect(&self) -> Result<Conn, ManagerError> {
-        let epoch = self.epoch.load(Ordering::Acquire);
+        // The epoch is read once the target is resolved: a resolution that
+        // finds a new master bumps it, and this connection is to that master.
+        let mut epoch = 0;
         let opened = self.target.endpoint().and_then(|endpoint| {
+            epoch = self.epoch.load(Ordering::Acquire);
             Connection::open(&endpoint, self.connect_timeout, self.response_timeout)
         });
         match opened {
@@ -380,9 +383,18 @@ impl Redis {
             .get_timeout(self.settings.connection_timeout)
             .map_err(Error::pool)?;
         match &conn.link {
-            Ok(_) => Ok(()),
-            Err(r) => Err(Error::Redis(r.error.clone())),
+            Ok(_) => {}
+            Err(r) => return Err(Error::Redis(r.error.clone())),
         }
+        drop(conn);
+        if self.sync.min > 0 {
+            // Count the replicas now, so that the first writes already wait
+            // for them.
+            self.read_replicas();
+            let now_ms = duration_ms(self.born.elapsed()).max(1);
+            self.replicas_at.store(now_ms, Ordering::Release);
+        }
+        Ok(())
     }
 
     /// Where connections go.

@@ -819,7 +819,9 @@ impl Inner {
             }
             (!map.is_empty()).then_some(out.next_seq)
         };
-        if self.shutdown.load(Ordering::Acquire) {
+        if self.shutdown.load(Ordering::Acquire) || self.kicked.load(Ordering::Acquire) {
+            // Stopping, or the master moved while this connection was being
+            // made (it may be to the old one): go round again.
             stream.shutdown();
         }
         self.flush();
