@@ -189,13 +189,7 @@ fn mutual_tls_lock_wait_wake_and_watchdog() {
     wait_until(
         "the waiter to subscribe over TLS",
         Duration::from_secs(10),
-        || {
-            t.srv
-                .cmd(&["PUBSUB", "NUMSUB", "redisson_lock__channel:{tls:wake}"])
-                .lines()
-                .nth(1)
-                .is_some_and(|n| n.trim() == "1")
-        },
+        || t.srv.subscribers("redisson_lock__channel:{tls:wake}") == 1,
     );
     let released = Instant::now();
     held.unlock().unwrap();
@@ -372,11 +366,7 @@ fn readme_acl_rule_runs_every_operation() {
     });
     wait_until("the waiter to subscribe", Duration::from_secs(10), || {
         a.stats().subscribed_channels == 0
-            && srv
-                .cmd(&["PUBSUB", "NUMSUB", "redisson_lock__channel:{orders:1}"])
-                .lines()
-                .nth(1)
-                .is_some_and(|n| n.trim() == "1")
+            && srv.subscribers("redisson_lock__channel:{orders:1}") == 1
     });
     g.unlock().unwrap();
     let got = rx

@@ -17,10 +17,14 @@ fn master_and_replica() -> (RedisServer, RedisServer) {
     });
     // The master counts a replica (ROLE, which the client reads) once it is
     // online on its side too.
-    wait_until("the master to list its replica online", Duration::from_secs(20), || {
-        master.info_field("replication", "connected_slaves") == "1"
-            && master.cmd(&["ROLE"]).lines().count() > 2
-    });
+    wait_until(
+        "the master to list its replica online",
+        Duration::from_secs(20),
+        || {
+            master.info_field("replication", "connected_slaves") == "1"
+                && master.cmd(&["ROLE"]).lines().count() > 2
+        },
+    );
     (master, replica)
 }
 

@@ -260,11 +260,7 @@ fn sentinel_finds_the_master_and_locks_there() {
         r.map(|g| g.is_some())
     });
     wait_until("the waiter to subscribe", Duration::from_secs(10), || {
-        g.nodes[0]
-            .cmd(&["PUBSUB", "NUMSUB", "redisson_lock__channel:{s:orders}"])
-            .lines()
-            .nth(1)
-            .is_some_and(|n| n.trim() == "1")
+        g.nodes[0].subscribers("redisson_lock__channel:{s:orders}") == 1
     });
     let released = Instant::now();
     guard.unlock().unwrap();
@@ -304,11 +300,7 @@ fn failover(sync: bool) -> usize {
     });
     wait_until("the waiter to subscribe", Duration::from_secs(10), || {
         a.stats().subscribed_channels == 0
-            && g.nodes[0]
-                .cmd(&["PUBSUB", "NUMSUB", "redisson_lock__channel:{f:wait}"])
-                .lines()
-                .nth(1)
-                .is_some_and(|n| n.trim() == "1")
+            && g.nodes[0].subscribers("redisson_lock__channel:{f:wait}") == 1
     });
     let old = g.nodes[0].port();
     let killed = Instant::now();
@@ -347,13 +339,7 @@ fn failover(sync: bool) -> usize {
     wait_until(
         "the waiter to subscribe on the new master",
         Duration::from_secs(10),
-        || {
-            master
-                .cmd(&["PUBSUB", "NUMSUB", "redisson_lock__channel:{f:wait}"])
-                .lines()
-                .nth(1)
-                .is_some_and(|n| n.trim() == "1")
-        },
+        || master.subscribers("redisson_lock__channel:{f:wait}") == 1,
     );
     let released = Instant::now();
     drop(wait_guard);
@@ -403,11 +389,7 @@ fn sentinel_and_master_credentials() {
         r.map(|g| g.is_some())
     });
     wait_until("the waiter to subscribe", Duration::from_secs(10), || {
-        g.nodes[0]
-            .cmd(&["PUBSUB", "NUMSUB", "redisson_lock__channel:{c:1}"])
-            .lines()
-            .nth(1)
-            .is_some_and(|n| n.trim() == "1")
+        g.nodes[0].subscribers("redisson_lock__channel:{c:1}") == 1
     });
     let clients = g.nodes[0].cmd(&["CLIENT", "LIST"]);
     let as_locker: Vec<&str> = clients

@@ -504,6 +504,15 @@ impl RedisServer {
         }
     }
 
+    /// How many clients are subscribed to `channel` (`PUBSUB NUMSUB`).
+    pub fn subscribers(&self, channel: &str) -> usize {
+        self.cmd(&["PUBSUB", "NUMSUB", channel])
+            .lines()
+            .nth(1)
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
     /// Reads `field` from `INFO <section>` as a string. Panics if missing.
     pub fn info_field(&self, section: &str, field: &str) -> String {
         let text = match self.raw(&["INFO", section]) {
