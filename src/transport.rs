@@ -208,8 +208,13 @@ impl Endpoint {
                     None => e.code().to_owned(),
                 };
                 let user = self.username.as_deref().unwrap_or("default");
+                // WRONGPASS, or "ERR AUTH <password> called without any
+                // password configured"; not "ERR max number of clients
+                // reached", which can answer any first command.
+                let refused =
+                    e.code() == "WRONGPASS" || e.details().is_some_and(|d| d.starts_with("AUTH"));
                 return Err(match *what {
-                    "AUTH" => RedisError::from((
+                    "AUTH" if refused => RedisError::from((
                         ErrorKind::AuthenticationFailed,
                         "redis refused the credentials",
                         format!(
