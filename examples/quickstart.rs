@@ -68,7 +68,8 @@ fn redis_url() -> Result<(String, Option<Server>), Box<dyn std::error::Error>> {
         .spawn()
         .map_err(|e| {
             format!(
-                "no Redis found and cannot start redis-server ({e}); install it or set REDIS_URL"
+                "no Redis at 127.0.0.1:6379 and no redis-server to start ({e}): run \
+                 `bash scripts/test.sh` once (it installs redis-server), or set REDIS_URL"
             )
         })?;
     let server = Server(child);
