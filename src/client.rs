@@ -158,16 +158,19 @@ impl Client {
 
     /// This client's id, the `<client-uuid>` part of the owner field it
     /// writes into lock hashes.
+    #[must_use]
     pub fn id(&self) -> &str {
         &self.shared.uuid
     }
 
     /// The lease of locks taken without an explicit one.
+    #[must_use]
     pub fn watchdog_timeout(&self) -> Duration {
         self.shared.watchdog_timeout
     }
 
     /// A snapshot of this client's counters.
+    #[must_use]
     pub fn stats(&self) -> ClientStats {
         let s = &self.shared;
         let wd = s.watchdog.counters();

@@ -11,7 +11,22 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Match on the predicates ([`is_timeout`](Error::is_timeout),
 /// [`is_lock_lost`](Error::is_lock_lost), …) rather than on the variants when
 /// you only need to decide what to do next: the enum is `#[non_exhaustive]`
-/// and may grow.
+/// and may grow. `Display` says what went wrong and what to change;
+/// [`source()`](std::error::Error::source) carries Redis's own error.
+///
+/// ```no_run
+/// # fn main() -> redlease::Result<()> {
+/// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+/// use std::time::Duration;
+/// match client.lock("orders:42").try_lock_for(Duration::from_secs(2)) {
+///     Ok(Some(guard)) => { /* held */ }
+///     Ok(None) => { /* busy for 2 s */ }
+///     Err(e) if e.is_auth() => return Err(e), // fix the credentials or ACL
+///     Err(e) if e.is_connection_error() => { /* Redis unreachable: retry later */ }
+///     Err(e) => return Err(e),
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {
@@ -57,6 +72,7 @@ pub enum Error {
 impl Error {
     /// `true` if a deadline passed: a Redis command timed out, or no pooled
     /// connection could be had in time.
+    #[must_use]
     pub fn is_timeout(&self) -> bool {
         match self {
             Error::Redis(e) => e.is_timeout(),
@@ -67,12 +83,14 @@ impl Error {
 
     /// `true` if the lock this error is about is no longer held by the caller
     /// (see [`Error::LockLost`]).
+    #[must_use]
     pub fn is_lock_lost(&self) -> bool {
         matches!(self, Error::LockLost { .. })
     }
 
     /// `true` for bad input (an argument, a setting or the URL): fix the call,
     /// retrying will not help.
+    #[must_use]
     pub fn is_invalid_argument(&self) -> bool {
         matches!(self, Error::InvalidArgument(_) | Error::InvalidUrl(_))
     }
@@ -90,6 +108,7 @@ impl Error {
     /// }
     /// # }
     /// ```
+    #[must_use]
     pub fn is_auth(&self) -> bool {
         match self {
             Error::Redis(e) => is_auth_error(e),
@@ -99,12 +118,14 @@ impl Error {
 
     /// `true` if Redis could not be reached or the connection broke: the
     /// operation may succeed when retried later.
+    #[must_use]
     pub fn is_connection_error(&self) -> bool {
         self.maybe_applied() || matches!(self, Error::Pool(_))
     }
 
     /// `true` for [`Error::ReplicaSync`]: the master took the acquisition
     /// but too few replicas confirmed it, so it was undone.
+    #[must_use]
     pub fn is_replica_sync(&self) -> bool {
         matches!(self, Error::ReplicaSync { .. })
     }

@@ -504,7 +504,24 @@ pub(crate) fn settle(client_id: u64, requests: &[Arc<Unsettled>]) {
 
 /// A held lock. Dropping it releases one hold (the lock is free once every
 /// re-entry of this thread is released); [`unlock`](LockGuard::unlock) does
-/// the same and reports failures.
+/// the same and reports failures. Either way the release is a blocking round
+/// trip to Redis (bounded by the response timeout); a release that fails on
+/// drop is logged at `warn` and completed in the background once Redis
+/// answers, and the lease bounds the lock meanwhile.
+///
+/// ```no_run
+/// # fn main() -> redlease::Result<()> {
+/// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+/// # fn write_order() {}
+/// let guard = client.lock("orders:42").lock()?;
+/// guard.ensure_held()?;          // no round trip: is the lease still ours?
+/// write_order();
+/// if guard.is_lost() {
+///     // the write above may have raced another holder: compensate
+/// }
+/// guard.unlock()?;               // or just drop it
+/// # Ok(()) }
+/// ```
 ///
 /// The guard is `!Send`: ownership is "this thread of this client", and a
 /// guard moved to another thread would let two threads believe they hold the
@@ -536,6 +553,7 @@ impl LockGuard {
     }
 
     /// The lock's name.
+    #[must_use]
     pub fn name(&self) -> &str {
         &self.hold.name
     }
@@ -543,6 +561,7 @@ impl LockGuard {
     /// `true` once this process knows the lock is no longer held: the
     /// watchdog found it gone or could not renew it before its lease ran out,
     /// or its lease has passed without a confirmed renewal.
+    #[must_use]
     pub fn is_lost(&self) -> bool {
         self.hold.is_lost() || Instant::now() >= self.hold.valid_until()
     }
@@ -564,11 +583,13 @@ impl LockGuard {
 
     /// Until when the lease is known to hold: the last acquisition or renewal
     /// Redis confirmed (counted from when it was sent) plus the lease.
+    #[must_use]
     pub fn valid_until(&self) -> Instant {
         self.hold.valid_until()
     }
 
     /// How many guards this thread holds on this lock (re-entries included).
+    #[must_use]
     pub fn hold_count(&self) -> u32 {
         self.hold.count()
     }

@@ -18,9 +18,9 @@
 //! use std::time::Duration;
 //!
 //! fn main() -> redlease::Result<()> {
+//!     let url = "redis://127.0.0.1:6379/";
 //! #   let server = TestServer::start(); // a throwaway redis-server for this example
 //! #   let url = server.url();
-//!     // let url = "redis://127.0.0.1:6379/";
 //!     let client = redlease::Client::open(url)?;
 //!     let lock = client.lock("orders:42");
 //!
@@ -63,6 +63,45 @@
 //! # }
 //! ```
 //!
+//! ## Redis layout (Redisson's `RLock`)
+//!
+//! | what | in Redis |
+//! |---|---|
+//! | lock state | a hash at key `<name>`; field `<client-uuid>:<thread-id>`, value the hold count; plus redlease's field `<client-uuid>:<thread-id>:gen` (a generation Redisson ignores) |
+//! | lease | `PEXPIRE <name>` on every acquire, re-entry and renewal |
+//! | release channel | `redisson_lock__channel:{<name>}` (`redisson_lock__channel:<name>` when the name contains `{`), message `0` on a full release |
+//! | request keys | `redisson_unlock_latch:{<name>}:...`, `redlease_acquire_cancel:{<name>}:...`, `redlease_force_unlock_latch:{<name>}:...`: short-lived, written only so that a retried or late copy of a request is never applied twice |
+//!
+//! Every state change is one Lua script (EVALSHA), so acquire, re-entry,
+//! release and renewal are each atomic and each one round trip.
+//!
+//! ## Threads and blocking
+//!
+//! Each [`Client`] has an r2d2 pool (connections opened by one
+//! `redlease-connect` thread), one `redlease-watchdog` thread that renews
+//! every watched lock of the client in batched round trips, and one
+//! `redlease-pubsub` thread with one subscriber connection for all waiters.
+//! None of them is per lock; they stop when the last `Client` clone and the
+//! last guard are gone.
+//!
+//! Every call, and dropping a [`LockGuard`], makes blocking round trips,
+//! each bounded by the client's timeouts. From async code, run them inside
+//! `spawn_blocking` (tokio) or your runtime's equivalent, and take and drop
+//! the guard in the same closure: a lock is owned by an OS thread, which is
+//! why a `LockGuard` is `!Send`.
+//!
+//! ```no_run
+//! # fn main() -> redlease::Result<()> {
+//! # let client = redlease::Client::open("redis://127.0.0.1/")?;
+//! // async fn handler(client: redlease::Client) {
+//! //     tokio::task::spawn_blocking(move || -> redlease::Result<()> {
+//!         let guard = client.lock("orders:42").lock()?;
+//!         // ... blocking work while the lock is held ...
+//!         guard.unlock()
+//! //     }).await??;
+//! # }
+//! ```
+//!
 //! ## Guarantees and limits
 //!
 //! A Redis lock is a lease. A holder that pauses (GC-like stall, swap, a
@@ -90,3 +129,8 @@ pub use crate::client::{Client, ClientBuilder, ClientStats};
 pub use crate::error::{Error, Result};
 pub use crate::guard::LockGuard;
 pub use crate::lock::{Lock, MAX_LEASE, MIN_RENEW_INTERVAL};
+
+// Every Rust block of the README compiles as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

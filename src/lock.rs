@@ -38,7 +38,26 @@ const NO_TTL_RECHECK: Duration = Duration::from_secs(1);
 /// [`try_lock_until`](Lock::try_lock_until)) get the client's
 /// `watchdog_timeout` as their lease and are renewed by the client's watchdog
 /// until released. Locks taken with an explicit lease are never renewed.
+///
+/// Every method makes blocking round trips to Redis (so does dropping a
+/// guard); from async code, call them inside `tokio::task::spawn_blocking`
+/// (or your runtime's equivalent) and drop the guard in the same closure:
+/// ownership is per OS thread, and a guard is `!Send`.
+///
+/// ```no_run
+/// # fn main() -> redlease::Result<()> {
+/// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+/// let lock = client.lock("orders:42");
+/// {
+///     let guard = lock.lock()?;        // waits; renewed by the watchdog
+///     guard.ensure_held()?;            // before each exclusive side effect
+///     // ... work ...
+/// }                                    // released here (one round trip)
+/// assert!(!lock.is_locked()?);
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
+#[must_use = "a Lock does nothing until one of its methods is called"]
 pub struct Lock {
     client: Client,
     name: String,
@@ -105,12 +124,14 @@ impl Lock {
     /// let lock = client.lock("orders:42").with_renew_interval(Duration::from_secs(2));
     /// # Ok(()) }
     /// ```
+    #[must_use = "with_renew_interval returns the lock with the interval set"]
     pub fn with_renew_interval(mut self, interval: Duration) -> Lock {
         self.renew_interval = Some(interval);
         self
     }
 
     /// The lock's name (the Redis key of its hash).
+    #[must_use]
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -118,10 +139,23 @@ impl Lock {
     /// Acquires the lock, waiting as long as it takes. The watchdog renews it
     /// until the guard is released.
     ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+    /// let guard = client.lock("orders:42").lock()?;
+    /// // ... held and renewed until `guard` is dropped
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     ///
-    /// Bad input (empty name, renew interval out of range), or a Redis or pool
-    /// error. A failed call never leaves the lock held in the caller's name.
+    /// [`Error::InvalidArgument`] for bad input (empty name, renew interval
+    /// out of range); [`Error::Redis`] or [`Error::Pool`] when Redis fails or
+    /// cannot be reached ([`Error::is_auth`] for refused credentials or
+    /// permissions, [`Error::ReplicaSync`] when replica sync could not
+    /// confirm it); [`Error::Thread`] if the watchdog or subscriber thread
+    /// cannot start. A failed call never leaves the lock held in the
+    /// caller's name.
     pub fn lock(&self) -> Result<LockGuard> {
         let terms = self.watchdog_terms()?;
         self.acquire_forever(&terms)
@@ -129,6 +163,16 @@ impl Lock {
 
     /// Acquires the lock if it is free (or already held by this thread),
     /// without waiting. Renewed by the watchdog.
+    ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+    /// match client.lock("orders:42").try_lock()? {
+    ///     Some(guard) => { /* ours */ }
+    ///     None => { /* someone else holds it */ }
+    /// }
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     ///
@@ -142,6 +186,16 @@ impl Lock {
     /// A `wait` too large to represent means "no deadline". Renewed by the
     /// watchdog.
     ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+    /// use std::time::Duration;
+    /// if let Some(guard) = client.lock("orders:42").try_lock_for(Duration::from_secs(5))? {
+    ///     // ...
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     ///
     /// As for [`lock`](Lock::lock).
@@ -152,6 +206,15 @@ impl Lock {
 
     /// Acquires the lock, waiting until `deadline` at the latest; `None` if it
     /// stayed busy. Renewed by the watchdog.
+    ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+    /// use std::time::{Duration, Instant};
+    /// let deadline = Instant::now() + Duration::from_secs(5);
+    /// let guard = client.lock("orders:42").try_lock_until(deadline)?;
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     ///
@@ -164,10 +227,19 @@ impl Lock {
     /// Acquires the lock with a fixed `lease`, waiting as long as it takes.
     /// The lease is never renewed: the lock frees itself when it runs out.
     ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+    /// use std::time::Duration;
+    /// let guard = client.lock("orders:42").lock_with_lease(Duration::from_secs(10))?;
+    /// // held for at most 10 s
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     ///
-    /// Bad input (empty name, zero or too long lease), or a Redis or pool
-    /// error.
+    /// As for [`lock`](Lock::lock), with a zero or too long lease as bad
+    /// input.
     pub fn lock_with_lease(&self, lease: Duration) -> Result<LockGuard> {
         let terms = self.lease_terms(lease)?;
         self.acquire_forever(&terms)
@@ -175,6 +247,15 @@ impl Lock {
 
     /// Acquires the lock with a fixed `lease`, waiting at most `wait`; `None`
     /// if it stayed busy. The lease is never renewed.
+    ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+    /// use std::time::Duration;
+    /// let lock = client.lock("orders:42");
+    /// let guard = lock.try_lock_with_lease(Duration::from_secs(1), Duration::from_secs(10))?;
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     ///
@@ -190,6 +271,13 @@ impl Lock {
 
     /// `true` if anyone holds the lock.
     ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+    /// let busy = client.lock("orders:42").is_locked()?;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     ///
     /// Empty name, or a Redis or pool error.
@@ -201,6 +289,15 @@ impl Lock {
 
     /// How many times the current thread holds the lock (0 if it does not),
     /// as Redis records it.
+    ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+    /// let lock = client.lock("orders:42");
+    /// let _g = lock.lock()?;
+    /// assert_eq!(lock.hold_count()?, 1);
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     ///
@@ -216,6 +313,13 @@ impl Lock {
 
     /// `true` if the current thread holds the lock, as Redis records it.
     ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+    /// let mine = client.lock("orders:42").is_held_by_current_thread()?;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     ///
     /// Empty name, or a Redis or pool error.
@@ -229,6 +333,15 @@ impl Lock {
     /// The holder's remaining lease: `None` if the lock is free,
     /// `Some(Duration::MAX)` if it is held without a lease (never the case
     /// for locks taken by redlease or Redisson).
+    ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+    /// if let Some(left) = client.lock("orders:42").remaining_lease()? {
+    ///     println!("held for {left:?} more at most");
+    /// }
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     ///
@@ -248,6 +361,13 @@ impl Lock {
     /// Deletes the lock whoever holds it and wakes a waiter; `true` if it was
     /// held. The former holder's guards report the loss at their next renewal,
     /// check or release.
+    ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+    /// let was_held = client.lock("orders:42").force_unlock()?;
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     ///
