@@ -8,7 +8,7 @@
 //! as `FIGURE:` lines (run with `--nocapture` to see them).
 
 mod faults_common;
-mod support;
+use redlease_testkit as support;
 
 use std::io::{BufRead, BufReader, Write};
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -3,7 +3,7 @@
 //! update, and a holder process killed with SIGKILL is waited out by its lease
 //! (explicit or watchdog) within the lease + 2 s.
 
-mod support;
+use redlease_testkit as support;
 
 use std::env;
 use std::fs::{self, File};

@@ -4,7 +4,7 @@
 //! `/proc/self/task/*/comm` (truncated by Linux to 15 bytes), so this file has
 //! a single test: other tests in the same process would disturb the counts.
 
-mod support;
+use redlease_testkit as support;
 
 use std::thread;
 use std::time::{Duration, Instant};

@@ -4,8 +4,7 @@
 //! percentiles, run mode).
 #![allow(dead_code)]
 
-#[path = "../../tests/support/mod.rs"]
-mod harness;
+use redlease_testkit as harness;
 
 use std::process::{Command, Stdio};
 use std::time::Duration;

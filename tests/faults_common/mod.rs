@@ -1,6 +1,7 @@
 //! Helpers shared by the fault-injection tests (`tests/faults_*.rs`): figures,
 //! client builders, bounded-call checks, a raw `MONITOR` reader and a few
-//! server queries. Use with `mod support; mod faults_common;`.
+//! server queries. Include it with a `#[path]` module next to
+//! `use redlease_testkit as support;` (see `tests/it/main.rs`).
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Write};

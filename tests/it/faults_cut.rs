@@ -5,14 +5,11 @@
 //!
 //! Figures are printed as `FIGURE:` lines (run with `--nocapture` to see them).
 
-mod faults_common;
-mod support;
-
 use std::time::{Duration, Instant};
 
-use faults_common::{figure, lock_keys, ms, server_count};
+use crate::faults_common::{figure, lock_keys, ms, server_count};
+use crate::support::{wait_until, Proxy, RedisServer};
 use redlease::{Client, Lock, LockGuard};
-use support::{wait_until, Proxy, RedisServer};
 
 /// Cycles per test. Each costs a few round trips through the proxy plus a
 /// reconnect (about 2-4 ms on a 2-core machine).

@@ -1,12 +1,10 @@
 //! Self-test for the integration-test support module (`tests/support`).
 
-mod support;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use support::{free_port, ping, wait_until, Proxy, RedisServer, Resp};
+use crate::support::{free_port, ping, wait_until, Proxy, RedisServer, Resp};
 
 const SHORT: Duration = Duration::from_millis(300);
 const WAIT: Duration = Duration::from_secs(5);

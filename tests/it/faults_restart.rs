@@ -3,23 +3,20 @@
 //!
 //! Figures are printed as `FIGURE:` lines (run with `--nocapture` to see them).
 
-mod faults_common;
-mod support;
-
 use std::sync::mpsc;
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use faults_common::{figure, ms, server_lock_keys, timed, warm_subscriber, Monitor, MARGIN};
+use crate::faults_common::{figure, ms, server_lock_keys, timed, warm_subscriber, Monitor, MARGIN};
+use crate::support::{wait_until, RedisServer};
 use redlease::{Client, ClientBuilder};
-use support::{wait_until, RedisServer};
 
 const RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(1);
 
 fn builder(url: &str) -> ClientBuilder {
-    faults_common::builder(url, RESPONSE_TIMEOUT).connection_timeout(CONNECTION_TIMEOUT)
+    crate::faults_common::builder(url, RESPONSE_TIMEOUT).connection_timeout(CONNECTION_TIMEOUT)
 }
 
 fn client(url: &str) -> Client {
@@ -58,7 +55,7 @@ fn pool_recovers_after_restart() {
     for _ in 0..3 {
         let (r, took) = timed(|| busy.lock("pool:busy").try_lock());
         assert!(r.is_err(), "try_lock with redis down must fail, got {r:?}");
-        faults_common::assert_within(
+        crate::faults_common::assert_within(
             "try_lock with redis down",
             took,
             CONNECTION_TIMEOUT + RESPONSE_TIMEOUT + MARGIN,

@@ -6,19 +6,16 @@
 //!
 //! Figures are printed as `FIGURE:` lines (run with `--nocapture` to see them).
 
-mod faults_common;
-mod support;
-
 use std::sync::{mpsc, Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use faults_common::{
+use crate::faults_common::{
     assert_within, builder, client, figure, is_acquire_of, is_script_call, ms, server_lock_keys,
     timed, Monitor, MARGIN,
 };
+use crate::support::{wait_until, Proxy, RedisServer};
 use redlease::{Client, Lock, LockGuard};
-use support::{wait_until, Proxy, RedisServer};
 
 /// The calls made while Redis is SIGSTOPped, one thread each.
 #[derive(Clone, Copy, Debug)]
@@ -401,9 +398,11 @@ fn stalled_acquire_is_cancelled() {
     const UNDO_BOUND: Duration = Duration::from_secs(3);
     let rig = proxy_rig(RT);
     let lock = rig.client.lock("cancel:stall");
-    let lease_lock = |l: &Lock| l.try_lock_with_lease(Duration::ZERO, Duration::from_secs(5));
+    let lease_lock = |l: &Lock| l.try_lock_with_lease(Duration::ZERO, Duration::from_secs(2));
     let watchdog_lock = |l: &Lock| l.try_lock();
-    let short = Duration::from_millis(2500);
+    // Long enough for several undo attempts to fail (settling backs off from
+    // 50 ms); the lease case outlasts its lease.
+    let short = Duration::from_millis(1200);
     for (what, reentrant, stall, acquire) in [
         (
             "first hold",
@@ -413,9 +412,9 @@ fn stalled_acquire_is_cancelled() {
         ),
         ("re-entry", true, short, &watchdog_lock),
         (
-            "first hold, 5 s lease",
+            "first hold, 2 s lease",
             false,
-            Duration::from_millis(5500),
+            Duration::from_millis(2500),
             &lease_lock,
         ),
     ] {

@@ -37,14 +37,14 @@ fn server() -> RedisServer {
     let srv = RedisServer::start();
     let _: String = redis::cmd("SCRIPT")
         .arg("LOAD")
-        .arg(include_str!("../../src/scripts/acquire.lua"))
+        .arg(include_str!("../../../src/scripts/acquire.lua"))
         .query(&mut srv.conn())
         .expect("SCRIPT LOAD");
     srv
 }
 
 fn acquire_sha() -> Vec<u8> {
-    redis::Script::new(include_str!("../../src/scripts/acquire.lua"))
+    redis::Script::new(include_str!("../../../src/scripts/acquire.lua"))
         .get_hash()
         .as_bytes()
         .to_vec()

@@ -5,17 +5,14 @@
 //!
 //! Figures are printed as `FIGURE:` lines (run with `--nocapture` to see them).
 
-mod faults_common;
-mod support;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use faults_common::{figure, is_script_call, numsub, warm_subscriber, Monitor};
+use crate::faults_common::{figure, is_script_call, numsub, warm_subscriber, Monitor};
+use crate::support::{wait_until, Proxy, RedisServer};
 use redlease::Client;
-use support::{wait_until, Proxy, RedisServer};
 
 const WAITERS: usize = 20;
 const HOLD: Duration = Duration::from_millis(10);

@@ -4,15 +4,13 @@
 //! lock name: mutual exclusion both ways, wake-ups both ways through the
 //! shared release channel, and the hold counts both write into the hash.
 
-mod support;
-
 use std::collections::HashMap;
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::support::{wait_until, RedisServer};
 use redlease::Client;
-use support::{wait_until, RedisServer};
 
 const WAIT: Duration = Duration::from_secs(10);
 /// A wake-up through pub/sub must come well within this; every lease here is

@@ -1,19 +1,18 @@
 //! Production connections: TLS (server-verified and mutual), `#insecure`,
 //! and ACL users, against redis-servers started here with certificates made
 //! at test time.
-mod support;
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::support::{free_port, wait_until, RedisServer};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
     KeyUsagePurpose,
 };
 use redlease::Client;
-use support::{free_port, wait_until, RedisServer};
 
 /// A CA, a server certificate (for 127.0.0.1 and localhost) and a client
 /// certificate it signed, as PEM.

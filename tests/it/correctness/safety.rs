@@ -114,10 +114,10 @@ fn randomized_faults_never_let_two_holders_believe_at_once() {
         let mut rng = Rng::new(seed ^ 0xFA17);
         thread::spawn(move || {
             let scripts = [
-                sha(include_str!("../../src/scripts/acquire.lua")),
-                sha(include_str!("../../src/scripts/release.lua")),
-                sha(include_str!("../../src/scripts/renew.lua")),
-                sha(include_str!("../../src/scripts/cancel_acquire.lua")),
+                sha(include_str!("../../../src/scripts/acquire.lua")),
+                sha(include_str!("../../../src/scripts/release.lua")),
+                sha(include_str!("../../../src/scripts/renew.lua")),
+                sha(include_str!("../../../src/scripts/cancel_acquire.lua")),
             ];
             let mut fired = 0;
             let mut current = None;

@@ -1,12 +1,11 @@
 //! Replica sync (`sync_replicas`): lock writes are followed by `WAIT` in the
 //! same round trip, capped by the replicas the master has. The replica is
 //! stopped (SIGSTOP) to make WAIT time out deterministically.
-mod support;
 
 use std::time::{Duration, Instant};
 
+use crate::support::{wait_until, RedisServer};
 use redlease::Client;
-use support::{wait_until, RedisServer};
 
 fn master_and_replica() -> (RedisServer, RedisServer) {
     let master = RedisServer::start_with_args(&["--repl-diskless-sync-delay", "0"]);

@@ -2,8 +2,6 @@
 //! silent links. Each test injects exactly the fault it is about through the
 //! in-test proxy (a rule that delays, drops or cuts one chosen reply or
 //! request), and each failed on the code before the fix.
-mod faults_common;
-mod support;
 
 #[path = "correctness/lease.rs"]
 mod lease;

@@ -1,7 +1,6 @@
 //! Sentinel: 1 master + 2 replicas + 3 sentinels started here on loopback
 //! (`down-after-milliseconds` 1000). Discovery, locking through the group,
 //! and a SIGKILL failover of the master with 50 watched locks held.
-mod support;
 
 use std::fs;
 use std::net::SocketAddr;
@@ -11,8 +10,8 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::support::{free_port, raw_command, redis_server_path, wait_until, RedisServer, Resp};
 use redlease::{Client, LockGuard};
-use support::{free_port, raw_command, redis_server_path, wait_until, RedisServer, Resp};
 
 const MASTER: &str = "mymaster";
 const DOWN_AFTER: Duration = Duration::from_millis(1000);

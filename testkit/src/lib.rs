@@ -1,7 +1,7 @@
 //! Integration-test support: real `redis-server` processes, a fault-injecting
 //! TCP proxy, and the polling helpers tests use to wait for conditions.
 //!
-//! Use from an integration test with `mod support;`.
+//! Use from an integration test or bench as `use redlease_testkit as support;`.
 //!
 //! * [`RedisServer`] — a private `redis-server` on a free loopback port, with
 //!   kill / stop / restart (same port) / pause (SIGSTOP) / resume (SIGCONT)
@@ -534,40 +534,25 @@ impl RedisServer {
             .unwrap_or_else(|_| panic!("INFO stats {field} = {v:?} is not a u64"))
     }
 
-    /// Runs `redis-cli -h 127.0.0.1 -p PORT --raw ARGS...` (bounded to 10 s)
-    /// and returns its trimmed stdout.
-    ///
-    /// Raw mode: strings and integers are printed bare (`GET k` -> `v`,
-    /// `INCR k` -> `1`), a nil reply is the empty string, array elements are
-    /// one per line, and error replies are returned as text (`ERR ...`) —
-    /// redis-cli exits 0 for them. Panics only if redis-cli cannot be run or
-    /// times out.
+    /// Runs one command on the admin connection path ([`RedisServer::raw`],
+    /// bounded to 5 s) and returns the reply as `redis-cli --raw` prints it,
+    /// trimmed: strings and integers bare (`GET k` -> `v`, `INCR k` -> `1`),
+    /// a nil reply as the empty string, array elements one per line, and
+    /// error replies as text (`ERR ...`). Panics if the server does not
+    /// answer (paused or down).
     pub fn cmd(&self, args: &[&str]) -> String {
-        let cli = redis_cli_path();
-        let child = Command::new(&cli)
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "--raw"])
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e} (set REDIS_CLI_BIN)", cli.display()));
-        let pid = child.id();
-        let (tx, rx) = std::sync::mpsc::channel();
-        thread::spawn(move || {
-            let _ = tx.send(child.wait_with_output());
-        });
-        match rx.recv_timeout(CLI_TIMEOUT) {
-            Ok(Ok(out)) => String::from_utf8_lossy(&out.stdout).trim().to_string(),
-            Ok(Err(e)) => panic!("redis-cli {args:?}: {e}"),
-            Err(_) => {
-                let _ = signal(pid, "KILL");
-                panic!(
-                    "redis-cli {args:?} on port {} timed out after {CLI_TIMEOUT:?} (server paused?)",
-                    self.port
-                );
+        fn render(r: &Resp, out: &mut Vec<String>) {
+            match r {
+                Resp::Simple(s) | Resp::Error(s) => out.push(s.clone()),
+                Resp::Int(n) => out.push(n.to_string()),
+                Resp::Bulk(Some(b)) => out.push(String::from_utf8_lossy(b).into_owned()),
+                Resp::Bulk(None) | Resp::Array(None) => out.push(String::new()),
+                Resp::Array(Some(items)) => items.iter().for_each(|i| render(i, out)),
             }
         }
+        let mut out = Vec::new();
+        render(&self.raw(args), &mut out);
+        out.join("\n").trim().to_string()
     }
 
     /// A typed `redis` connection straight to the server (connect timeout

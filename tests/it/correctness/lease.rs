@@ -20,19 +20,19 @@ fn sha(source: &str) -> Vec<u8> {
 }
 
 fn acquire_sha() -> Vec<u8> {
-    sha(include_str!("../../src/scripts/acquire.lua"))
+    sha(include_str!("../../../src/scripts/acquire.lua"))
 }
 
 fn release_sha() -> Vec<u8> {
-    sha(include_str!("../../src/scripts/release.lua"))
+    sha(include_str!("../../../src/scripts/release.lua"))
 }
 
 fn renew_sha() -> Vec<u8> {
-    sha(include_str!("../../src/scripts/renew.lua"))
+    sha(include_str!("../../../src/scripts/renew.lua"))
 }
 
 fn force_unlock_sha() -> Vec<u8> {
-    sha(include_str!("../../src/scripts/force_unlock.lua"))
+    sha(include_str!("../../../src/scripts/force_unlock.lua"))
 }
 
 /// A server with the library's scripts loaded, so that every script call is
@@ -45,11 +45,11 @@ fn server_with(args: &[&str]) -> RedisServer {
     let srv = RedisServer::start_with_args(args);
     let mut conn = srv.conn();
     for source in [
-        include_str!("../../src/scripts/acquire.lua"),
-        include_str!("../../src/scripts/release.lua"),
-        include_str!("../../src/scripts/renew.lua"),
-        include_str!("../../src/scripts/cancel_acquire.lua"),
-        include_str!("../../src/scripts/force_unlock.lua"),
+        include_str!("../../../src/scripts/acquire.lua"),
+        include_str!("../../../src/scripts/release.lua"),
+        include_str!("../../../src/scripts/renew.lua"),
+        include_str!("../../../src/scripts/cancel_acquire.lua"),
+        include_str!("../../../src/scripts/force_unlock.lua"),
     ] {
         let _: String = redis::cmd("SCRIPT")
             .arg("LOAD")

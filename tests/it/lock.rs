@@ -4,8 +4,6 @@
 //! Redis error replies, binary-safe names, the Redisson key/channel layout and
 //! the compile-time Send/Sync pins.
 
-mod support;
-
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::mem;
@@ -14,8 +12,8 @@ use std::sync::{mpsc, Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::support::{free_port, wait_until, RedisServer};
 use redlease::{Client, Error, Lock, LockGuard, MAX_LEASE, MIN_RENEW_INTERVAL};
-use support::{free_port, wait_until, RedisServer};
 
 /// Bound on waiting for a thread to report that something happened.
 const WAIT: Duration = Duration::from_secs(10);
