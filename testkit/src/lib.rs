@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 use std::env;
 use std::fs::{self, File};
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -32,8 +32,6 @@ use std::time::{Duration, Instant};
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Timeout for the raw admin connections used by [`RedisServer`] helpers.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(5);
-/// Bound on `redis-cli` invocations made by [`RedisServer::cmd`].
-const CLI_TIMEOUT: Duration = Duration::from_secs(10);
 /// How many fresh ports [`RedisServer::start`] tries before giving up.
 const START_ATTEMPTS: usize = 5;
 
@@ -140,12 +138,40 @@ pub enum Resp {
 /// Sends one command over a fresh raw TCP connection (no handshake, no
 /// `CLIENT SETINFO`, so exactly one command is executed) and reads one reply.
 pub fn raw_command(addr: SocketAddr, args: &[&str], timeout: Duration) -> io::Result<Resp> {
-    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    stream.set_nodelay(true)?;
-    stream.write_all(&encode_command(args))?;
-    read_resp(&mut BufReader::new(stream))
+    let to_io = |e: redis::RedisError| io::Error::other(e.to_string());
+    let client = redis::Client::open(format!("redis://{addr}/")).map_err(to_io)?;
+    let mut conn = client.get_connection_with_timeout(timeout).map_err(to_io)?;
+    conn.set_read_timeout(Some(timeout)).map_err(to_io)?;
+    conn.set_write_timeout(Some(timeout)).map_err(to_io)?;
+    let Some((name, rest)) = args.split_first() else {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "no command"));
+    };
+    let mut cmd = redis::cmd(name);
+    for a in rest {
+        cmd.arg(*a);
+    }
+    let reply = redis::ConnectionLike::req_command(&mut conn, &cmd).map_err(to_io)?;
+    Ok(Resp::from(reply))
+}
+
+impl From<redis::Value> for Resp {
+    fn from(v: redis::Value) -> Resp {
+        match v {
+            redis::Value::Nil => Resp::Bulk(None),
+            redis::Value::Int(n) => Resp::Int(n),
+            redis::Value::BulkString(b) => Resp::Bulk(Some(b)),
+            redis::Value::Array(items) => {
+                Resp::Array(Some(items.into_iter().map(Resp::from).collect()))
+            }
+            redis::Value::SimpleString(s) => Resp::Simple(s),
+            redis::Value::Okay => Resp::Simple("OK".to_owned()),
+            redis::Value::ServerError(e) => Resp::Error(match e.details() {
+                Some(d) => format!("{} {d}", e.code()),
+                None => e.code().to_owned(),
+            }),
+            other => Resp::Simple(format!("{other:?}")),
+        }
+    }
 }
 
 /// Encodes `args` as a RESP array of bulk strings.
@@ -157,48 +183,6 @@ pub fn encode_command(args: &[&str]) -> Vec<u8> {
         out.extend_from_slice(b"\r\n");
     }
     out
-}
-
-fn read_resp(r: &mut impl BufRead) -> io::Result<Resp> {
-    let mut line = Vec::new();
-    r.read_until(b'\n', &mut line)?;
-    if !line.ends_with(b"\r\n") {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "connection closed mid-reply",
-        ));
-    }
-    line.truncate(line.len() - 2);
-    let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
-    let (&kind, rest) = line.split_first().ok_or_else(|| bad("empty RESP line"))?;
-    let text = String::from_utf8_lossy(rest).into_owned();
-    let number = || text.parse::<i64>().map_err(|_| bad("bad RESP number"));
-    Ok(match kind {
-        b'+' => Resp::Simple(text),
-        b'-' => Resp::Error(text),
-        b':' => Resp::Int(number()?),
-        b'$' => {
-            let len = number()?;
-            if len < 0 {
-                Resp::Bulk(None)
-            } else {
-                let mut buf = vec![0; len as usize + 2];
-                r.read_exact(&mut buf)?;
-                buf.truncate(len as usize);
-                Resp::Bulk(Some(buf))
-            }
-        }
-        b'*' => {
-            let len = number()?;
-            if len < 0 {
-                Resp::Array(None)
-            } else {
-                let items = (0..len).map(|_| read_resp(r)).collect::<io::Result<_>>()?;
-                Resp::Array(Some(items))
-            }
-        }
-        _ => return Err(bad("unknown RESP type byte")),
-    })
 }
 
 /// Sends `-SIG` to `pid` with the `kill` utility (no libc in this crate).
@@ -461,8 +445,9 @@ impl RedisServer {
         ping(self.addr(), timeout)
     }
 
-    /// Runs one command over a fresh raw TCP connection (5 s timeout) and
-    /// returns the reply. Panics on I/O errors; Redis error replies are
+    /// Runs one command over a fresh redis-rs connection (5 s timeouts; the
+    /// one way tests talk to Redis, typed queries use [`RedisServer::conn`])
+    /// and returns the reply. Panics on I/O errors; Redis error replies are
     /// returned as [`Resp::Error`].
     pub fn raw(&self, args: &[&str]) -> Resp {
         raw_command(self.addr(), args, ADMIN_TIMEOUT).unwrap_or_else(|e| {
