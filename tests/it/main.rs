@@ -10,14 +10,28 @@ use redlease_testkit as support;
 #[path = "../faults_common/mod.rs"]
 mod faults_common;
 
+mod acl;
 mod faults_correctness;
 mod faults_cut;
 mod faults_pubsub;
 mod faults_restart;
 mod faults_stall;
 mod lock;
-mod production;
 mod redisson_interop;
 mod replica_sync;
 mod sentinel;
 mod support_selftest;
+#[cfg(feature = "tls")]
+mod tls;
+
+/// An error and its chain of causes, for messages and assertions.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push_str(" <- ");
+        out.push_str(&s.to_string());
+        cur = s.source();
+    }
+    out
+}

@@ -1,0 +1,191 @@
+//! ACL users: the README's minimal rule end to end, wrong passwords and
+//! missing permissions.
+
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redlease::Client;
+
+use crate::error_chain;
+use crate::support::{wait_until, RedisServer};
+
+// ---------------------------------------------------------------------------
+
+/// The README's minimal rule for a lock user whose locks are named
+/// `orders:*` (keep in sync with the README).
+const LOCKER_RULE: &str = "on >lockpw resetkeys ~orders:* ~redisson_lock__channel:* \
+    ~redisson_unlock_latch:* ~redlease_acquire_cancel:* ~redlease_force_unlock_latch:* \
+    resetchannels &redisson_lock__channel:* -@all +eval +evalsha +exists +get +set +del \
+    +hset +hget +hmget +hexists +hdel +pexpire +pttl +publish +subscribe +unsubscribe +ping \
+    +role +wait";
+
+fn acl(srv: &RedisServer, user: &str, rule: &str) {
+    let mut args = vec!["ACL", "SETUSER", user];
+    args.extend(rule.split_whitespace());
+    let out = srv.cmd(&args);
+    assert_eq!(out.trim(), "OK", "ACL SETUSER {user}: {out}");
+}
+
+fn url_as(srv: &RedisServer, user: &str, pw: &str) -> String {
+    format!("redis://{user}:{pw}@127.0.0.1:{}/", srv.port())
+}
+
+/// Lock, re-entry, wait/wake, watchdog and force_unlock as the README's
+/// minimal user.
+#[test]
+fn readme_acl_rule_runs_every_operation() {
+    let srv = RedisServer::start();
+    acl(&srv, "locker", LOCKER_RULE);
+    let client = || {
+        Client::builder(url_as(&srv, "locker", "lockpw"))
+            .watchdog_timeout(Duration::from_millis(900))
+            .build()
+            .expect("the minimal user connects")
+    };
+    let a = client();
+    let b = client();
+    let lock = a.lock("orders:1");
+    let g = lock.lock().unwrap();
+    let again = lock.lock().unwrap();
+    assert_eq!(lock.hold_count().unwrap(), 2);
+    assert!(lock.is_locked().unwrap());
+    assert!(lock.remaining_lease().unwrap().is_some());
+    drop(again);
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(2000) {
+        thread::sleep(Duration::from_millis(100));
+        g.ensure_held().expect("renewed as the minimal user");
+    }
+    // A waiter on the other client, woken by the release.
+    let (tx, rx) = mpsc::channel();
+    let waiter = thread::spawn(move || {
+        let r = b.lock("orders:1").try_lock_for(Duration::from_secs(20));
+        tx.send(r.map(|g| g.is_some())).unwrap();
+        b
+    });
+    wait_until("the waiter to subscribe", Duration::from_secs(10), || {
+        a.stats().subscribed_channels == 0
+            && srv.subscribers("redisson_lock__channel:{orders:1}") == 1
+    });
+    g.unlock().unwrap();
+    let got = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("waiter ended");
+    assert!(
+        got.expect("no error as the minimal user"),
+        "the waiter acquired"
+    );
+    let b = waiter.join().unwrap();
+    let _held = a
+        .lock("orders:2")
+        .lock_with_lease(Duration::from_secs(30))
+        .unwrap();
+    assert!(b.lock("orders:2").force_unlock().unwrap());
+    assert!(!a.lock("orders:2").is_locked().unwrap());
+}
+
+/// A wrong password is an `is_auth()` error at once, from `build()` and
+/// from the first call of a lazily built client, never a pool timeout.
+#[test]
+fn wrong_password_is_an_auth_error_at_once() {
+    let srv = RedisServer::start();
+    acl(&srv, "locker", LOCKER_RULE);
+    let bad = url_as(&srv, "locker", "wrong");
+    let started = Instant::now();
+    let err = Client::builder(bad.as_str())
+        .connection_timeout(Duration::from_secs(5))
+        .build()
+        .expect_err("a wrong password must fail");
+    let took = started.elapsed();
+    eprintln!("wrong password, build() ({took:?}): {}", error_chain(&err));
+    assert!(err.is_auth(), "{err:?}");
+    assert!(!err.is_connection_error(), "{err:?}");
+    assert!(
+        took < Duration::from_millis(100),
+        "at once, not after 5 s ({took:?})"
+    );
+    assert!(
+        error_chain(&err).contains("WRONGPASS"),
+        "what redis said is kept: {}",
+        error_chain(&err)
+    );
+
+    let lazy = Client::builder(bad.as_str())
+        .connection_timeout(Duration::from_secs(5))
+        .build_lazy()
+        .expect("build_lazy opens no connection");
+    for i in 0..3 {
+        let started = Instant::now();
+        let err = lazy
+            .lock("orders:1")
+            .try_lock()
+            .expect_err("wrong password");
+        let took = started.elapsed();
+        assert!(err.is_auth(), "call {i}: {err:?}");
+        assert!(
+            took < Duration::from_millis(100),
+            "call {i} at once ({took:?})"
+        );
+    }
+    // An unknown user too.
+    let err = Client::open(url_as(&srv, "nobody", "x")).expect_err("unknown user");
+    assert!(err.is_auth(), "{err:?}");
+}
+
+/// A user without the lock's keys, or without the release channel, gets
+/// `is_auth()` errors, not a hang.
+#[test]
+fn missing_permissions_are_auth_errors() {
+    let srv = RedisServer::start();
+    acl(&srv, "locker", LOCKER_RULE);
+    let c = Client::builder(url_as(&srv, "locker", "lockpw"))
+        .connection_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    // A lock name outside ~orders:*.
+    let started = Instant::now();
+    let err = c.lock("invoices:1").lock().expect_err("key not granted");
+    assert!(err.is_auth(), "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(1), "at once");
+    eprintln!("key not granted: {}", error_chain(&err));
+
+    // The channel not granted: taking a free lock works, waiting for a
+    // busy one fails at the SUBSCRIBE, and releasing changes nothing.
+    acl(
+        &srv,
+        "nochan",
+        &LOCKER_RULE
+            .replace(">lockpw", ">pw")
+            .replace("&redisson_lock__channel:*", ""),
+    );
+    let holder = Client::open(url_as(&srv, "locker", "lockpw")).unwrap();
+    let held = holder
+        .lock("orders:busy")
+        .lock_with_lease(Duration::from_secs(30))
+        .unwrap();
+    let n = Client::builder(url_as(&srv, "nochan", "pw"))
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let err = n
+        .lock("orders:busy")
+        .try_lock_for(Duration::from_secs(20))
+        .expect_err("cannot wait without the channel");
+    assert!(err.is_auth(), "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(5), "no hang");
+    eprintln!("channel not granted, waiting: {}", error_chain(&err));
+    drop(held);
+
+    let g = n
+        .lock("orders:free")
+        .lock()
+        .expect("a free lock needs no channel");
+    let err = g.unlock().expect_err("the release publishes");
+    assert!(err.is_auth(), "{err:?}");
+    eprintln!("channel not granted, releasing: {}", error_chain(&err));
+    assert!(
+        n.lock("orders:free").is_locked().unwrap(),
+        "a release that failed changed nothing"
+    );
+}
