@@ -10,7 +10,7 @@ use redis::ConnectionLike;
 use crate::error::{is_io_failure, Error, Result};
 use crate::lock::duration_ms;
 use crate::target::Target;
-use crate::transport::Connection;
+use crate::transport::{Connection, Waited};
 
 /// A pooled connection and the pool epoch it was made in; or, when Redis
 /// refused the credentials or the TLS settings, that refusal.
@@ -174,6 +174,8 @@ pub(crate) struct Redis {
     replicas_at: AtomicU64,
     /// Set while one caller reads the replica count.
     replicas_reading: std::sync::atomic::AtomicBool,
+    /// Set once a refused WAIT was logged.
+    wait_refused: std::sync::atomic::AtomicBool,
     born: Instant,
 }
 
@@ -242,6 +244,7 @@ impl Redis {
             replicas: std::sync::atomic::AtomicI64::new(-1),
             replicas_at: AtomicU64::new(0),
             replicas_reading: std::sync::atomic::AtomicBool::new(false),
+            wait_refused: std::sync::atomic::AtomicBool::new(false),
             born: Instant::now(),
         }
     }
@@ -288,12 +291,18 @@ impl Redis {
             },
             Ok(_) => 0,
             Err(e) => {
-                if self.replicas.load(Ordering::Acquire) < 0 {
-                    log::warn!(
-                        "redlease: cannot read the master's replicas for replica sync \
-                         ({e}); writes go without WAIT until it can (grant +role)"
-                    );
+                let known = self.replicas.load(Ordering::Acquire);
+                if known >= 0 {
+                    // A passing failure (the master may be failing over):
+                    // keep the last count; a WAIT that finds fewer replicas
+                    // has the count read again.
+                    log::debug!("redlease: reading the master's replicas failed ({e})");
+                    return;
                 }
+                log::warn!(
+                    "redlease: cannot read the master's replicas for replica sync ({e}); \
+                     writes go without WAIT until it can (grant +role)"
+                );
                 0
             }
         };
@@ -321,7 +330,25 @@ impl Redis {
             c.set_wait(None);
             r.map(|v| (v, acked))
         })?;
-        let acked = acked.map_or(0, |n| u32::try_from(n.max(0)).unwrap_or(u32::MAX));
+        let acked = match acked {
+            Some(Waited::Acked(n)) => u32::try_from(n.max(0)).unwrap_or(u32::MAX),
+            Some(Waited::Refused(why)) => {
+                // Replica sync cannot work for this user: go without it
+                // (as without +role) rather than fail every lock; the count
+                // is read again in a second.
+                if !self.wait_refused.swap(true, Ordering::AcqRel) {
+                    log::warn!(
+                        "redlease: redis refused WAIT ({why}); lock writes go without replica \
+                         sync (grant +wait)"
+                    );
+                }
+                self.replicas.store(0, Ordering::Release);
+                let now_ms = duration_ms(self.born.elapsed()).max(1);
+                self.replicas_at.store(now_ms, Ordering::Release);
+                return Ok((v, Synced::NotNeeded));
+            }
+            None => 0,
+        };
         if acked >= wanted {
             return Ok((v, Synced::Yes));
         }

@@ -386,7 +386,16 @@ pub(crate) struct Connection {
     /// A packed `WAIT` sent behind every request while set (replica sync),
     /// in the same write, and its reply.
     wait: Option<Vec<u8>>,
-    waited: Option<i64>,
+    waited: Option<Waited>,
+}
+
+/// The reply to a `WAIT` sent behind a request.
+#[derive(Clone, Debug)]
+pub(crate) enum Waited {
+    /// How many replicas acknowledged.
+    Acked(i64),
+    /// Redis refused the WAIT (say, an ACL without `+wait`).
+    Refused(String),
 }
 
 impl Connection {
@@ -421,10 +430,9 @@ impl Connection {
         });
     }
 
-    /// The reply of the last `WAIT` (how many replicas acknowledged), if one
-    /// was sent and answered with a number.
-    pub(crate) fn waited(&self) -> Option<i64> {
-        self.waited
+    /// The reply of the last `WAIT`, if one was sent and answered.
+    pub(crate) fn waited(&self) -> Option<Waited> {
+        self.waited.clone()
     }
 
     pub(crate) fn set_timeouts(&self, timeout: Duration) -> io::Result<()> {
@@ -457,10 +465,14 @@ impl Connection {
     /// Reads the reply of the `WAIT` sent behind a request.
     fn receive_wait(&mut self) -> RedisResult<()> {
         if self.wait.is_some() {
-            self.waited = match self.receive()? {
-                Value::Int(n) => Some(n),
-                _ => None,
-            };
+            self.waited = Some(match self.receive()? {
+                Value::Int(n) => Waited::Acked(n),
+                Value::ServerError(e) => Waited::Refused(match e.details() {
+                    Some(d) => format!("{} {d}", e.code()),
+                    None => e.code().to_owned(),
+                }),
+                other => Waited::Refused(format!("unexpected reply {other:?}")),
+            });
         }
         Ok(())
     }

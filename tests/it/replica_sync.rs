@@ -157,3 +157,27 @@ fn renewals_are_synced_and_unconfirmed_ones_count_as_failed() {
     );
     g.unlock().unwrap();
 }
+
+/// A user whose ACL lacks `WAIT` still takes locks (without replica sync,
+/// with a warning), rather than having every acquisition reported
+/// unconfirmed.
+#[test]
+fn a_user_without_wait_locks_without_replica_sync() {
+    let (master, _replica) = master_and_replica();
+    let ok = master.cmd(&[
+        "ACL", "SETUSER", "nowait", "on", ">pw", "~*", "&*", "+@all", "-wait",
+    ]);
+    assert_eq!(ok, "OK");
+    let c = Client::builder(format!("redis://nowait:pw@127.0.0.1:{}/", master.port()))
+        .sync_replicas(1, Duration::from_millis(200))
+        .build()
+        .unwrap();
+    for i in 0..3 {
+        let g = c
+            .lock(format!("nowait:{i}"))
+            .try_lock()
+            .unwrap_or_else(|e| panic!("lock {i}: {e:?}"))
+            .expect("free");
+        g.unlock().unwrap();
+    }
+}
