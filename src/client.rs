@@ -439,8 +439,8 @@ impl ClientBuilder {
     /// [`Error::InvalidUrl`] or [`Error::InvalidArgument`] for bad settings;
     /// an [`Error::is_auth`] error at once if Redis refuses the credentials;
     /// [`Error::Pool`] if Redis cannot be reached within the connection
-    /// timeout (the message says why: refused, TLS certificate not trusted,
-    /// ...).
+    /// timeout (for a Sentinel group: one connection timeout per sentinel,
+    /// plus one; the message says why: refused, no master known, ...).
     pub fn build(self) -> Result<Client> {
         let client = self.build_lazy()?;
         client.shared.redis.check()?;

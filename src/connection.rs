@@ -405,10 +405,11 @@ impl Redis {
     /// Waits (up to the connection timeout) for a connection to Redis, to
     /// report at once whether the settings work.
     pub(crate) fn check(&self) -> Result<()> {
-        let conn = self
-            .pool()
-            .get_timeout(self.settings.connection_timeout)
-            .map_err(Error::pool)?;
+        let budget = self
+            .manager
+            .target
+            .connect_budget(self.settings.connection_timeout);
+        let conn = self.pool().get_timeout(budget).map_err(Error::pool)?;
         match &conn.link {
             Ok(_) => {}
             Err(r) => return Err(Error::Redis(r.error.clone())),

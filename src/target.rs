@@ -44,6 +44,20 @@ impl Target {
         }
     }
 
+    /// How long finding the target may take when some of its servers do
+    /// not answer: one connect timeout per sentinel (each asked in turn)
+    /// plus one for the master.
+    pub(crate) fn connect_budget(&self, connect_timeout: Duration) -> Duration {
+        match self {
+            Target::Fixed(_) => connect_timeout,
+            Target::Sentinel(s) => connect_timeout.saturating_mul(
+                u32::try_from(s.sentinels.len())
+                    .unwrap_or(u32::MAX)
+                    .saturating_add(1),
+            ),
+        }
+    }
+
     /// `true` when the target can move (Sentinel): callers that wait
     /// (`lock()`) ride out a failover instead of failing.
     pub(crate) fn can_move(&self) -> bool {
@@ -117,7 +131,11 @@ impl Sentinel {
     fn resolve(&self) -> RedisResult<Endpoint> {
         let mut failures = Vec::new();
         let mut refusal = None;
-        for i in 0..self.sentinels.len() {
+        // The sentinel that answered last first: one that is down or cut
+        // off costs its connect timeout once, not on every resolution.
+        let first = self.kept.lock().as_ref().map_or(0, |(i, _)| *i);
+        let n = self.sentinels.len();
+        for i in (0..n).map(|k| (first + k) % n) {
             match self.ask(i).and_then(|addr| self.verify(addr)) {
                 Ok(endpoint) => {
                     self.switch(&endpoint);

@@ -502,3 +502,27 @@ fn graceful_failover_is_followed_within_seconds() {
         );
     }
 }
+
+/// A sentinel that accepts connections but never answers (cut off, or
+/// stopped) costs one timeout: `build()` finds the master through the next
+/// one, and later resolutions ask the sentinel that answered first.
+#[test]
+fn a_silent_sentinel_is_skipped() {
+    let g = Group::start(false);
+    let silent =
+        crate::support::Proxy::start(SocketAddr::from(([127, 0, 0, 1], g.sentinels[0].port)));
+    silent.stall(true);
+    let mut urls = vec![silent.url()];
+    urls.extend(g.urls().into_iter().skip(1));
+    let started = Instant::now();
+    let c = Client::sentinel_builder(urls, MASTER)
+        .connection_timeout(Duration::from_millis(500))
+        .response_timeout(Duration::from_millis(500))
+        .build()
+        .expect("the master through the next sentinel");
+    eprintln!(
+        "build() with a silent first sentinel: {:?}",
+        started.elapsed()
+    );
+    c.lock("silent").lock().unwrap().unlock().unwrap();
+}
