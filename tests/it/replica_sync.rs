@@ -126,8 +126,10 @@ fn a_master_without_replicas_takes_writes_without_wait() {
 #[test]
 fn renewals_are_synced_and_unconfirmed_ones_count_as_failed() {
     let (master, replica) = master_and_replica();
+    // WAIT timeouts in these tests leave a loaded machine's replica time to
+    // answer when it runs; a stopped one never does.
     let c = Client::builder(master.url())
-        .sync_replicas(1, Duration::from_millis(100))
+        .sync_replicas(1, Duration::from_millis(500))
         .watchdog_timeout(Duration::from_secs(3))
         .build()
         .unwrap();
