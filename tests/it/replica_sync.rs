@@ -24,6 +24,16 @@ fn master_and_replica() -> (RedisServer, RedisServer) {
                 && master.cmd(&["ROLE"]).lines().count() > 2
         },
     );
+    // And acknowledges writes: WAIT answers 1 (the first acknowledgements
+    // after a full sync can take a while on a loaded machine).
+    wait_until(
+        "the replica to acknowledge a write",
+        Duration::from_secs(20),
+        || {
+            master.cmd(&["SET", "replica:warm", "1"]) == "OK"
+                && master.cmd(&["WAIT", "1", "1000"]) == "1"
+        },
+    );
     (master, replica)
 }
 
