@@ -6,10 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::connection::{PoolSettings, Redis, SyncReplicas};
+use crate::connection::{Counters, PoolSettings, Redis, SyncReplicas, Threads};
 use crate::error::{Error, Result};
 use crate::lock::{check_lease, duration_ms, Lock, MIN_RENEW_INTERVAL};
 use crate::pubsub::PubSub;
+use crate::router::{Node, Router};
 use crate::target::{Sentinel, Target};
 use crate::transport::{Endpoint, TlsOptions};
 use crate::watchdog::{LostCallback, Watchdog};
@@ -56,9 +57,8 @@ pub(crate) struct Shared {
     uuid: String,
     /// Where it connects, for `Debug` (no password).
     server: String,
-    pub(crate) redis: Arc<Redis>,
+    pub(crate) router: Arc<Router>,
     pub(crate) watchdog: Watchdog,
-    pub(crate) pubsub: PubSub,
     pub(crate) watchdog_timeout: Duration,
     /// How long the latch of a release lives: long enough for a retry of the
     /// same request to find it (4 response timeouts, at least 1 s).
@@ -77,7 +77,7 @@ impl Shared {
 
     /// A number unique to this client, for request ids.
     pub(crate) fn next_request(&self) -> u64 {
-        self.redis.next_request()
+        self.router.next_request()
     }
 }
 
@@ -174,15 +174,17 @@ impl Client {
     pub fn stats(&self) -> ClientStats {
         let s = &self.shared;
         let wd = s.watchdog.counters();
+        let nodes = s.router.nodes();
+        let counters = s.router.counters();
         ClientStats {
-            round_trips: s.redis.counters.round_trips.load(Ordering::Relaxed),
-            connection_failures: s.redis.counters.failures.load(Ordering::Relaxed),
+            round_trips: counters.round_trips.load(Ordering::Relaxed),
+            connection_failures: counters.failures.load(Ordering::Relaxed),
             renewal_round_trips: wd.round_trips.load(Ordering::Relaxed),
             renewals: wd.renewals.load(Ordering::Relaxed),
             locks_lost: wd.lost.load(Ordering::Relaxed),
             watchdog_entries: s.watchdog.scheduled(),
-            subscribed_channels: s.pubsub.channels(),
-            subscriber_reconnects: s.pubsub.reconnects(),
+            subscribed_channels: nodes.iter().map(|n| n.pubsub.channels()).sum(),
+            subscriber_reconnects: nodes.iter().map(|n| n.pubsub.reconnects()).sum(),
         }
     }
 }
@@ -443,7 +445,7 @@ impl ClientBuilder {
     /// plus one; the message says why: refused, no master known, ...).
     pub fn build(self) -> Result<Client> {
         let client = self.build_lazy()?;
-        client.shared.redis.check()?;
+        client.shared.router.check()?;
         Ok(client)
     }
 
@@ -576,6 +578,7 @@ impl ClientBuilder {
                 (Target::Sentinel(Arc::new(sentinel)), server)
             }
         };
+        let counters = Arc::new(Counters::default());
         let redis = Arc::new(Redis::new(
             target.clone(),
             PoolSettings {
@@ -588,32 +591,38 @@ impl ClientBuilder {
             self.response_timeout,
             self.retry_attempts,
             self.sync,
+            Arc::clone(&counters),
+            Threads::default(),
         ));
-        let shared = Shared {
-            id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
-            uuid: uuid::Uuid::new_v4().to_string(),
-            server,
-            watchdog: Watchdog::new(Arc::clone(&redis), self.on_lock_lost),
+        let node = Node {
             pubsub: PubSub::new(
                 target.clone(),
                 self.connection_timeout,
                 self.response_timeout,
             ),
             redis,
+        };
+        if let Target::Sentinel(s) = &target {
+            // A new master: drop every pooled connection made before, and
+            // have the subscriber move (it wakes its waiters to retry).
+            let epoch = node.redis.epoch();
+            s.on_change(move || {
+                epoch.fetch_add(1, Ordering::AcqRel);
+            });
+            s.on_change(node.pubsub.kicker());
+        }
+        let router = Arc::new(Router::single(node, self.retry_attempts, counters));
+        let shared = Shared {
+            id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
+            uuid: uuid::Uuid::new_v4().to_string(),
+            server,
+            watchdog: Watchdog::new(Arc::clone(&router), self.on_lock_lost),
+            router,
             watchdog_timeout: self.watchdog_timeout,
             latch_ttl_ms: duration_ms(self.response_timeout)
                 .saturating_mul(4)
                 .max(1000),
         };
-        if let Target::Sentinel(s) = &target {
-            // A new master: drop every pooled connection made before, and
-            // have the subscriber move (it wakes its waiters to retry).
-            let epoch = shared.redis.epoch();
-            s.on_change(move || {
-                epoch.fetch_add(1, Ordering::AcqRel);
-            });
-            s.on_change(shared.pubsub.kicker());
-        }
         Ok(Client {
             shared: Arc::new(shared),
         })

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use redis::ConnectionLike;
+use redis::{ConnectionLike, Value};
 
 use crate::error::{is_io_failure, Error, Result};
 use crate::lock::duration_ms;
@@ -164,8 +164,8 @@ pub(crate) struct Redis {
     response_timeout: Duration,
     /// Retries after a dropped connection.
     retry_attempts: u32,
-    next_request: AtomicU64,
-    pub(crate) counters: Counters,
+    /// The client's counters (shared by all its nodes).
+    counters: Arc<Counters>,
     sync: SyncReplicas,
     /// Replicas the master reported (ROLE), or -1 before the first answer.
     replicas: std::sync::atomic::AtomicI64,
@@ -177,6 +177,28 @@ pub(crate) struct Redis {
     /// Set once a refused WAIT was logged.
     wait_refused: std::sync::atomic::AtomicBool,
     born: Instant,
+    /// The thread that opens connections (shared by all nodes of a client).
+    threads: Threads,
+}
+
+/// The one thread (`redlease-connect`, not r2d2's default three) that opens
+/// connections for every pool of a client and runs the Sentinel master
+/// check; started with the first pool.
+pub(crate) type Threads = Arc<OnceLock<Arc<scheduled_thread_pool::ScheduledThreadPool>>>;
+
+fn connect_thread(threads: &Threads) -> Arc<scheduled_thread_pool::ScheduledThreadPool> {
+    Arc::clone(threads.get_or_init(|| {
+        Arc::new(
+            scheduled_thread_pool::ScheduledThreadPool::builder()
+                .num_threads(1)
+                .thread_name_pattern("redlease-connect")
+                // Exit with the pools, not after r2d2's next reaper tick.
+                .on_drop_behavior(
+                    scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled,
+                )
+                .build(),
+        )
+    }))
 }
 
 /// Replica sync (Redisson's `checkLockSyncedSlaves`): writes that decide lock
@@ -223,6 +245,8 @@ impl Redis {
         response_timeout: Duration,
         retry_attempts: u32,
         sync: SyncReplicas,
+        counters: Arc<Counters>,
+        threads: Threads,
     ) -> Redis {
         let epoch = Arc::new(AtomicU64::new(0));
         Redis {
@@ -238,8 +262,8 @@ impl Redis {
             epoch,
             response_timeout,
             retry_attempts,
-            next_request: AtomicU64::new(1),
-            counters: Counters::default(),
+            counters,
+            threads,
             sync,
             replicas: std::sync::atomic::AtomicI64::new(-1),
             replicas_at: AtomicU64::new(0),
@@ -330,6 +354,12 @@ impl Redis {
             c.set_wait(None);
             r.map(|v| (v, acked))
         })?;
+        Ok((v, self.synced(wanted, timeout, acked)))
+    }
+
+    /// What a `WAIT wanted timeout` answered `acked` says of the write
+    /// before it.
+    fn synced(&self, wanted: u32, timeout: Duration, acked: Option<Waited>) -> Synced {
         let acked = match acked {
             Some(Waited::Acked(n)) => u32::try_from(n.max(0)).unwrap_or(u32::MAX),
             Some(Waited::Refused(why)) => {
@@ -345,19 +375,101 @@ impl Redis {
                 self.replicas.store(0, Ordering::Release);
                 let now_ms = duration_ms(self.born.elapsed()).max(1);
                 self.replicas_at.store(now_ms, Ordering::Release);
-                return Ok((v, Synced::NotNeeded));
+                return Synced::NotNeeded;
             }
             None => 0,
         };
         if acked >= wanted {
-            return Ok((v, Synced::Yes));
+            return Synced::Yes;
         }
         // A replica may have gone: count them again before the next write.
         self.replicas_at.store(0, Ordering::Release);
         log::warn!(
             "redlease: {acked} of {wanted} replica(s) acknowledged a lock write within {timeout:?}"
         );
-        Ok((v, Synced::No { wanted, acked }))
+        Synced::No { wanted, acked }
+    }
+
+    /// The first half of a [`fan_out`]: sends `packed` (`count` commands,
+    /// plus the replica sync `WAIT`) on a pooled connection without waiting
+    /// for the replies.
+    fn send_job(&self, packed: &[u8]) -> Result<InFlight> {
+        let wait = self.wait_needed();
+        let mut conn = self
+            .pool()
+            .get_timeout(self.checkout_timeout)
+            .map_err(Error::pool)?;
+        let sent = match &mut conn.link {
+            Ok(link) => {
+                let timeouts = match wait {
+                    Some((_, t)) => link.set_timeouts(self.response_timeout.saturating_add(t)),
+                    None => Ok(()),
+                };
+                match timeouts {
+                    Ok(()) => {
+                        link.set_wait(wait);
+                        self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
+                        link.send_all(packed)
+                    }
+                    Err(e) => Err(e.into()),
+                }
+            }
+            Err(r) => return Err(Error::Redis(r.error.clone())),
+        };
+        match sent {
+            Ok(()) => Ok(InFlight { conn, wait }),
+            Err(e) => {
+                self.failed(&mut conn, &e);
+                Err(Error::Redis(e))
+            }
+        }
+    }
+
+    /// The second half: reads the replies of what [`send_job`](Self::send_job)
+    /// sent.
+    fn receive_job(&self, mut job: InFlight, count: usize) -> Result<(Vec<Value>, Synced)> {
+        let (received, waited) = match &mut job.conn.link {
+            Ok(link) => {
+                let r = link.receive_all(count);
+                let waited = link.waited();
+                link.set_wait(None);
+                if job.wait.is_some() && link.set_timeouts(self.response_timeout).is_err() {
+                    self.mark_failure(&mut job.conn);
+                }
+                (r, waited)
+            }
+            Err(r) => return Err(Error::Redis(r.error.clone())),
+        };
+        match received {
+            Ok(values) => {
+                let moved = values.iter().any(|v| {
+                    matches!(v, Value::ServerError(e) if matches!(e.code(), "READONLY" | "MASTERDOWN"))
+                });
+                if moved {
+                    self.manager.target.suspect();
+                    self.mark_failure(&mut job.conn);
+                }
+                let synced = match job.wait {
+                    Some((wanted, timeout)) => self.synced(wanted, timeout, waited),
+                    None => Synced::NotNeeded,
+                };
+                Ok((values, synced))
+            }
+            Err(e) => {
+                self.failed(&mut job.conn, &e);
+                Err(Error::Redis(e))
+            }
+        }
+    }
+
+    /// A request on `conn` failed with `e`: a connection failure discards
+    /// it and everything pooled before it, and has the target looked up
+    /// again.
+    fn failed(&self, conn: &mut r2d2::PooledConnection<Manager>, e: &redis::RedisError) {
+        if is_connection_failure(e) {
+            self.manager.target.suspect();
+            self.mark_failure(conn);
+        }
     }
 
     /// The pool's epoch: bumping it discards every pooled connection made
@@ -369,18 +481,7 @@ impl Redis {
     fn pool(&self) -> &r2d2::Pool<Manager> {
         self.pool.get_or_init(|| {
             let s = &self.settings;
-            // One thread (not r2d2's default three) opens connections; it
-            // also runs the Sentinel master check.
-            let threads = Arc::new(
-                scheduled_thread_pool::ScheduledThreadPool::builder()
-                    .num_threads(1)
-                    .thread_name_pattern("redlease-connect")
-                    // Exit with the pool, not after r2d2's next reaper tick.
-                    .on_drop_behavior(
-                        scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled,
-                    )
-                    .build(),
-            );
+            let threads = connect_thread(&self.threads);
             if let Target::Sentinel(sentinel) = &self.manager.target {
                 let sentinel = Arc::downgrade(sentinel);
                 threads.execute_at_fixed_rate(MASTER_CHECK, MASTER_CHECK, move || {
@@ -428,17 +529,6 @@ impl Redis {
     /// Where connections go.
     pub(crate) fn target(&self) -> &Target {
         &self.manager.target
-    }
-
-    /// Retries of a dropped request (the client's `retry_attempts`).
-    pub(crate) fn retry_attempts(&self) -> u32 {
-        self.retry_attempts
-    }
-
-    /// A number unique to this client, for request ids (latch and marker
-    /// names, generations).
-    pub(crate) fn next_request(&self) -> u64 {
-        self.next_request.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Runs `op` on a pooled connection, one round trip as far as `op` goes.
@@ -562,4 +652,32 @@ impl r2d2::HandleError<ManagerError> for WarnOnError {
     fn handle_error(&self, error: ManagerError) {
         log::warn!("redlease: cannot connect to redis: {error}");
     }
+}
+
+/// A request sent by [`Redis::send_job`] whose replies are still to be read.
+struct InFlight {
+    conn: r2d2::PooledConnection<Manager>,
+    wait: Option<(u32, Duration)>,
+}
+
+/// One node's share of a [`fan_out`]: a packed pipeline of `count` commands.
+pub(crate) struct Job<'a> {
+    pub(crate) redis: &'a Redis,
+    pub(crate) packed: Vec<u8>,
+    pub(crate) count: usize,
+}
+
+/// Sends every job's pipeline, each on a pooled connection of its node (with
+/// the node's replica sync `WAIT` behind it), before reading any reply: the
+/// whole costs about one round trip of the slowest node, and a slow or dead
+/// node does not hold back what the others do. Returns, per job, its replies
+/// (error replies as values) and what replica sync said; a failed job is not
+/// retried here. Each job's wait for its replies is bounded by its own
+/// connection's timeouts, which all started running at about the same time.
+pub(crate) fn fan_out(jobs: &[Job<'_>]) -> Vec<Result<(Vec<Value>, Synced)>> {
+    let sent: Vec<Result<InFlight>> = jobs.iter().map(|j| j.redis.send_job(&j.packed)).collect();
+    jobs.iter()
+        .zip(sent)
+        .map(|(job, sent)| sent.and_then(|f| job.redis.receive_job(f, job.count)))
+        .collect()
 }

@@ -696,8 +696,8 @@ impl LockGuard {
         // A release fewer replicas confirmed is still done on the master: at
         // worst a failover brings the lock back until its lease runs out.
         let reply = shared
-            .redis
-            .run_synced(|conn| {
+            .router
+            .run_synced(&hold.name, |conn| {
                 scripts::release(
                     conn,
                     hold.lock_ref(),

@@ -120,6 +120,7 @@ mod error;
 mod guard;
 mod lock;
 mod pubsub;
+mod router;
 mod scripts;
 mod target;
 mod transport;

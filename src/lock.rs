@@ -5,11 +5,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::client::Client;
-use crate::connection::{Redis, Synced};
+use crate::connection::Synced;
 use crate::error::{Error, Result};
 use crate::guard::{
     insert_hold, keys, owner_state, settle, settle_later, Hold, LockGuard, Lost, Unsettled,
 };
+use crate::router::Router;
 use crate::scripts::{self, LockRef};
 use crate::watchdog::jitter;
 
@@ -283,8 +284,9 @@ impl Lock {
     /// Empty name, or a Redis or pool error.
     pub fn is_locked(&self) -> Result<bool> {
         self.check_name()?;
-        self.redis()
-            .run(|c| redis::cmd("EXISTS").arg(&self.name).query(c))
+        self.router().run(&self.name, |c| {
+            redis::cmd("EXISTS").arg(&self.name).query(c)
+        })
     }
 
     /// How many times the current thread holds the lock (0 if it does not),
@@ -305,9 +307,9 @@ impl Lock {
     pub fn hold_count(&self) -> Result<u32> {
         self.check_name()?;
         let field = self.client.shared.owner_field();
-        let n: Option<u32> = self
-            .redis()
-            .run(|c| redis::cmd("HGET").arg(&self.name).arg(&field).query(c))?;
+        let n: Option<u32> = self.router().run(&self.name, |c| {
+            redis::cmd("HGET").arg(&self.name).arg(&field).query(c)
+        })?;
         Ok(n.unwrap_or(0))
     }
 
@@ -326,8 +328,9 @@ impl Lock {
     pub fn is_held_by_current_thread(&self) -> Result<bool> {
         self.check_name()?;
         let field = self.client.shared.owner_field();
-        self.redis()
-            .run(|c| redis::cmd("HEXISTS").arg(&self.name).arg(&field).query(c))
+        self.router().run(&self.name, |c| {
+            redis::cmd("HEXISTS").arg(&self.name).arg(&field).query(c)
+        })
     }
 
     /// The holder's remaining lease: `None` if the lock is free,
@@ -349,8 +352,8 @@ impl Lock {
     pub fn remaining_lease(&self) -> Result<Option<Duration>> {
         self.check_name()?;
         let ms: i64 = self
-            .redis()
-            .run(|c| redis::cmd("PTTL").arg(&self.name).query(c))?;
+            .router()
+            .run(&self.name, |c| redis::cmd("PTTL").arg(&self.name).query(c))?;
         Ok(match ms {
             -2 => None,
             ms if ms < 0 => Some(Duration::MAX),
@@ -379,14 +382,14 @@ impl Lock {
         // first run did, not "nothing to delete".
         let latch =
             scripts::force_unlock_latch_name(&self.name, self.client.id(), shared.next_request());
-        let (deleted, _) = self.redis().run_synced(|conn| {
+        let (deleted, _) = self.router().run_synced(&self.name, |conn| {
             scripts::force_unlock(conn, &self.name, &self.channel, &latch, shared.latch_ttl_ms)
         })?;
         Ok(deleted == 1)
     }
 
-    fn redis(&self) -> &Redis {
-        &self.client.shared.redis
+    fn router(&self) -> &Router {
+        &self.client.shared.router
     }
 
     fn check_name(&self) -> Result<()> {
@@ -445,10 +448,8 @@ impl Lock {
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Ok(None);
         }
-        let shared = &self.client.shared;
-        let subscription = shared
-            .pubsub
-            .subscribe(&self.channel, &self.name, deadline)?;
+        let node = self.router().node(&self.channel)?;
+        let subscription = node.pubsub.subscribe(&self.channel, &self.name, deadline)?;
         loop {
             // An error drops the subscription, which passes a wake-up this
             // retry took on to another waiter.
@@ -479,7 +480,7 @@ impl Lock {
         let mut tries = 0;
         loop {
             match self.attempt(terms) {
-                Err(e) if e.is_replica_sync() && tries < self.redis().retry_attempts() => {
+                Err(e) if e.is_replica_sync() && tries < self.router().retry_attempts() => {
                     tries += 1;
                 }
                 other => return other,
@@ -500,7 +501,7 @@ impl Lock {
         let mut pause = Duration::from_millis(50);
         loop {
             match self.attempt_synced(terms) {
-                Err(e) if self.redis().target().can_move() && is_failover_symptom(&e) => {
+                Err(e) if self.router().can_move() && is_failover_symptom(&e) => {
                     let now = Instant::now();
                     let wait = jitter(pause, 0.5);
                     if deadline.is_some_and(|d| now + wait >= d) {
@@ -551,7 +552,7 @@ impl Lock {
         if let Some(h) = &existing {
             h.begin(sent, lease_ms);
         }
-        let reply = shared.redis.run_synced(|conn| {
+        let reply = shared.router.run_synced(&self.name, |conn| {
             scripts::acquire(conn, lock, &marker, &keys(&pending), lease_ms, held + 1, n)
         });
         let unsynced = match &reply {

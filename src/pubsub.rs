@@ -386,7 +386,7 @@ impl PubSub {
         channel: &str,
         lock: &str,
         deadline: Option<Instant>,
-    ) -> Result<Subscription<'_>> {
+    ) -> Result<Subscription> {
         self.ensure_started()?;
         let inner = &*self.inner;
         let (chan, latch, created) = {
@@ -420,7 +420,7 @@ impl PubSub {
             inner.flush();
         }
         let subscription = Subscription {
-            pubsub: self,
+            inner: Arc::clone(&self.inner),
             channel: chan,
             lock: lock.to_owned(),
             latch,
@@ -456,8 +456,8 @@ impl Drop for PubSub {
 
 /// A waiter's subscription to one lock's release channel; unsubscribes on
 /// drop, and passes on a wake-up it took but did not use.
-pub(crate) struct Subscription<'a> {
-    pubsub: &'a PubSub,
+pub(crate) struct Subscription {
+    inner: Arc<Inner>,
     channel: Arc<Channel>,
     lock: String,
     latch: Arc<Latch>,
@@ -465,7 +465,7 @@ pub(crate) struct Subscription<'a> {
     held: Cell<bool>,
 }
 
-impl Subscription<'_> {
+impl Subscription {
     /// Waits for a wake-up (a release message on this lock's channel, or a
     /// reconnect) until `until`. `Ok(true)`: woken; the waiter now holds the
     /// wake-up and calls [`used`](Subscription::used) once its retry got an
@@ -511,9 +511,9 @@ impl Subscription<'_> {
     }
 }
 
-impl Drop for Subscription<'_> {
+impl Drop for Subscription {
     fn drop(&mut self) {
-        let inner = &*self.pubsub.inner;
+        let inner = &*self.inner;
         let queued = {
             let mut map = inner.channels.lock();
             let mut latches = self.channel.latches.lock();

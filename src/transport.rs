@@ -484,6 +484,27 @@ impl Connection {
     }
 }
 
+impl Connection {
+    /// The first half of a pipeline's round trip: writes `cmds` (and the
+    /// `WAIT` behind them, if set), so that other connections' requests can
+    /// go out before this one's replies are read ([`receive_all`](Self::receive_all)).
+    pub(crate) fn send_all(&mut self, cmds: &[u8]) -> RedisResult<()> {
+        self.send(cmds)
+    }
+
+    /// The second half: reads `count` replies, error replies included as
+    /// values (one failed command does not hide the others' replies), then
+    /// the `WAIT`'s.
+    pub(crate) fn receive_all(&mut self, count: usize) -> RedisResult<Vec<Value>> {
+        let mut replies = Vec::with_capacity(count);
+        for _ in 0..count {
+            replies.push(self.receive()?);
+        }
+        self.receive_wait()?;
+        Ok(replies)
+    }
+}
+
 impl ConnectionLike for Connection {
     fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
         self.send(cmd)?;

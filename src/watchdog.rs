@@ -36,9 +36,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::connection::{Redis, Synced};
-use crate::error::Error;
+use crate::connection::{fan_out, Job, Synced};
 use crate::guard::{far_future, Hold, Lost, RenewToken, Sched, Unsettled};
+use crate::router::Router;
 use crate::scripts;
 
 /// Locks per renewal script call; a pipeline carries as many calls as needed.
@@ -83,7 +83,7 @@ pub(crate) struct Counters {
 }
 
 struct Inner {
-    redis: Arc<Redis>,
+    router: Arc<Router>,
     on_lost: Option<LostCallback>,
     state: Mutex<State>,
     wake: Condvar,
@@ -113,10 +113,10 @@ enum Outcome {
 }
 
 impl Watchdog {
-    pub(crate) fn new(redis: Arc<Redis>, on_lost: Option<LostCallback>) -> Watchdog {
+    pub(crate) fn new(router: Arc<Router>, on_lost: Option<LostCallback>) -> Watchdog {
         Watchdog {
             inner: Arc::new(Inner {
-                redis,
+                router,
                 on_lost,
                 state: Mutex::new(State {
                     schedule: BTreeMap::new(),
@@ -374,9 +374,9 @@ impl Inner {
             }
             let hold = u.active_hold();
             let epoch = hold.as_ref().map(|h| h.epoch());
-            let n = self.redis.next_request();
+            let n = self.router.next_request();
             let sent = Instant::now();
-            let result = self.redis.run_synced(|conn| match u.kind {
+            let result = self.router.run_synced(&u.name, |conn| match u.kind {
                 Lost::Acquire { held, lease_ms } => {
                     scripts::cancel_acquire(conn, u.lock_ref(), &u.key, held, lease_ms, n)
                 }
@@ -444,67 +444,47 @@ impl Inner {
 
     fn renew(&self, batch: Vec<Renewal>) {
         let sent = Instant::now();
-        self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
-        // Renewals too few replicas confirmed count as failed: the bounds
-        // stay where they were, and they are retried soon.
-        let result = self
-            .redis
-            .run_synced(|conn| renew_batch(conn, &batch))
-            .and_then(|(outcomes, synced)| match synced {
-                Synced::No { wanted, acked } => Err(Error::Redis(redis::RedisError::from((
-                    redis::ErrorKind::Extension,
-                    "renewals not confirmed by replicas",
-                    format!("{acked} of {wanted} replica(s) acknowledged"),
-                )))),
-                _ => Ok(outcomes),
-            });
+        let outcomes = self.renew_all(&batch);
         let mut again = Vec::with_capacity(batch.len());
         let mut idle = Vec::new();
         let now = Instant::now();
         let retry = |r: &Renewal| now + RETRY_DELAY.min(r.interval);
-        match result {
-            Ok(outcomes) => {
-                let renewed = outcomes.iter().filter(|o| **o == Outcome::Renewed).count();
-                log::debug!(
-                    "redlease-watchdog: renewed {renewed} of {} leases",
-                    batch.len()
-                );
-                self.counters
-                    .renewals
-                    .fetch_add(renewed as u64, Ordering::Relaxed);
-                for (r, outcome) in batch.into_iter().zip(outcomes) {
-                    match outcome {
-                        // The bound is raised only by a renewal that no
-                        // lease-setting request of the hold overlapped; else
-                        // the next renewal comes soon.
-                        Outcome::Renewed if r.hold.renewed(r.token, sent, r.lease_ms) => {
-                            again.push((sent + r.interval, r));
-                        }
-                        Outcome::Renewed => again.push((retry(&r), r)),
-                        Outcome::Stale(gen) if r.hold.adopt(r.token, gen) => {
-                            again.push((now, r));
-                        }
-                        Outcome::Stale(_) => again.push((retry(&r), r)),
-                        Outcome::Gone => {
-                            self.lose(&r.hold, "its key or owner field is gone from redis");
-                            idle.push(r);
-                        }
-                    }
+        let renewed = outcomes
+            .iter()
+            .filter(|o| matches!(o, Some(Outcome::Renewed)))
+            .count();
+        log::debug!(
+            "redlease-watchdog: renewed {renewed} of {} leases",
+            batch.len()
+        );
+        self.counters
+            .renewals
+            .fetch_add(renewed as u64, Ordering::Relaxed);
+        for (r, outcome) in batch.into_iter().zip(outcomes) {
+            match outcome {
+                // The bound is raised only by a renewal that no lease-setting
+                // request of the hold overlapped; else the next renewal comes
+                // soon.
+                Some(Outcome::Renewed) if r.hold.renewed(r.token, sent, r.lease_ms) => {
+                    again.push((sent + r.interval, r));
                 }
-            }
-            Err(e) => {
-                log::warn!(
-                    "redlease-watchdog: renewing {} leases failed: {e}; retrying",
-                    batch.len()
-                );
-                for r in batch {
-                    if now >= r.hold.valid_until() {
-                        self.lose(&r.hold, "it could not be renewed before its lease ran out");
-                        idle.push(r);
-                    } else {
-                        again.push((retry(&r), r));
-                    }
+                Some(Outcome::Renewed) => again.push((retry(&r), r)),
+                Some(Outcome::Stale(gen)) if r.hold.adopt(r.token, gen) => {
+                    again.push((now, r));
                 }
+                Some(Outcome::Stale(_)) => again.push((retry(&r), r)),
+                Some(Outcome::Gone) => {
+                    self.lose(&r.hold, "its key or owner field is gone from redis");
+                    idle.push(r);
+                }
+                // Not renewed (no answer, an error, too few replicas): the
+                // bound stays where it was; retried soon, lost once it has
+                // passed.
+                None if now >= r.hold.valid_until() => {
+                    self.lose(&r.hold, "it could not be renewed before its lease ran out");
+                    idle.push(r);
+                }
+                None => again.push((retry(&r), r)),
             }
         }
         let mut st = self.state.lock();
@@ -555,70 +535,183 @@ pub(crate) fn jitter(d: Duration, spread: f64) -> Duration {
     d.mul_f64(1.0 - spread + 2.0 * spread * unit)
 }
 
-/// One round trip: a pipeline of renewal scripts, [`CHUNK`] locks each.
-/// Grouping by connection target (Redis Cluster node / slot) goes in front of
-/// this function; it renews what it is given on one connection.
-fn renew_batch(
-    conn: &mut crate::transport::Connection,
-    batch: &[Renewal],
-) -> redis::RedisResult<Vec<Outcome>> {
-    let gens: Vec<String> = batch
-        .iter()
-        .map(|r| r.token.gen.map(|g| g.to_string()).unwrap_or_default())
-        .collect();
-    let build = |eval: bool| {
-        let mut pipe = redis::pipe();
-        for (c, chunk) in batch.chunks(CHUNK).enumerate() {
-            let gens = &gens[c * CHUNK..];
-            let size = chunk
-                .iter()
-                .map(|r| r.hold.name.len() + r.hold.field.len() + 48)
-                .sum();
-            let fill = |cmd: &mut redis::Cmd| {
-                for r in chunk {
-                    cmd.arg(&r.hold.name);
+impl Inner {
+    /// Renews `batch`: the locks grouped per node, and per slot within a
+    /// node ([`Router::group`]), one pipeline of renewal scripts per node,
+    /// all nodes at once ([`fan_out`]): one round trip per node however many
+    /// slots. A script Redis did not run where it was sent (its script cache
+    /// was lost, its slot moved or is moving, the node is busy) is run once
+    /// more on its own through the router, which follows the redirection.
+    /// `None` for a lock whose renewal failed.
+    fn renew_all(&self, batch: &[Renewal]) -> Vec<Option<Outcome>> {
+        let mut outcomes: Vec<Option<Outcome>> = batch.iter().map(|_| None).collect();
+        let gens: Vec<String> = batch
+            .iter()
+            .map(|r| r.token.gen.map(|g| g.to_string()).unwrap_or_default())
+            .collect();
+        let groups = self
+            .router
+            .group(batch.iter().map(|r| r.hold.name.as_str()), CHUNK);
+        let jobs: Vec<Job<'_>> = groups
+            .iter()
+            .map(|g| {
+                let mut pipe = redis::pipe();
+                for chunk in &g.chunks {
+                    pipe.add_command(renew_command(batch, &gens, chunk, false));
                 }
-                for (r, gen) in chunk.iter().zip(gens) {
-                    cmd.arg(&r.hold.field).arg(gen).arg(r.lease_ms);
+                Job {
+                    redis: &g.node.redis,
+                    packed: pipe.get_packed_pipeline(),
+                    count: g.chunks.len(),
+                }
+            })
+            .collect();
+        self.counters
+            .round_trips
+            .fetch_add(jobs.len() as u64, Ordering::Relaxed);
+        let results = fan_out(&jobs);
+        for (group, result) in groups.iter().zip(results) {
+            let replies = match result {
+                Ok((_, Synced::No { wanted, acked })) => {
+                    // Renewals too few replicas confirmed count as failed.
+                    log::warn!(
+                        "redlease-watchdog: renewals of {} leases not confirmed by replicas \
+                         ({acked} of {wanted} acknowledged); retrying",
+                        group.chunks.iter().map(Vec::len).sum::<usize>()
+                    );
+                    continue;
+                }
+                Ok((replies, _)) if replies.len() == group.chunks.len() => replies,
+                Ok(_) => {
+                    log::warn!("redlease-watchdog: renewal reply has the wrong length; retrying");
+                    continue;
+                }
+                Err(e) => {
+                    log::warn!(
+                        "redlease-watchdog: renewing {} leases failed: {e}; retrying",
+                        group.chunks.iter().map(Vec::len).sum::<usize>()
+                    );
+                    continue;
                 }
             };
-            pipe.add_command(if eval {
-                scripts::RENEW.eval(chunk.len(), size, fill)
-            } else {
-                scripts::RENEW.evalsha(chunk.len(), size, fill)
-            });
+            for (chunk, reply) in group.chunks.iter().zip(replies) {
+                let reply = match reply {
+                    redis::Value::ServerError(e) if is_passing(e.code()) => {
+                        match self.renew_again(batch, &gens, chunk) {
+                            Some(v) => v,
+                            None => continue,
+                        }
+                    }
+                    redis::Value::ServerError(e) => {
+                        log::warn!(
+                            "redlease-watchdog: renewing {} leases failed: {}; retrying",
+                            chunk.len(),
+                            redis::RedisError::from(e)
+                        );
+                        continue;
+                    }
+                    v => v,
+                };
+                match parse_renewal(reply, chunk.len()) {
+                    Ok(list) => {
+                        for (i, o) in chunk.iter().zip(list) {
+                            outcomes[*i] = Some(o);
+                        }
+                    }
+                    Err(e) => log::warn!("redlease-watchdog: {e}; retrying"),
+                }
+            }
         }
-        pipe
-    };
-    let replies: Vec<Vec<redis::Value>> = match build(false).query(conn) {
-        Err(e) if scripts::is_noscript(&e) => build(true).query(conn)?,
-        other => other?,
-    };
-    if replies.len() != batch.len().div_ceil(CHUNK) {
-        return Err(bad_reply("renewal reply has the wrong length"));
+        outcomes
     }
-    let mut outcomes: Vec<Outcome> = batch.iter().map(|_| Outcome::Renewed).collect();
-    for (chunk, pairs) in replies.into_iter().enumerate() {
-        for pair in pairs.chunks(2) {
-            let [redis::Value::Int(i), code] = pair else {
-                return Err(bad_reply("renewal reply is not a list of pairs"));
-            };
-            // 1-based position within the chunk.
-            let Some(slot) = usize::try_from(*i)
-                .ok()
-                .and_then(|i| i.checked_sub(1))
-                .and_then(|i| outcomes.get_mut(chunk * CHUNK + i))
-            else {
-                return Err(bad_reply("renewal reply names a lock not in the batch"));
-            };
-            *slot = match code {
-                redis::Value::Int(_) => Outcome::Gone,
-                redis::Value::BulkString(gen) => {
-                    Outcome::Stale(std::str::from_utf8(gen).ok().and_then(|g| g.parse().ok()))
+
+    /// One chunk of renewals run again on its own, through the router.
+    fn renew_again(
+        &self,
+        batch: &[Renewal],
+        gens: &[String],
+        chunk: &[usize],
+    ) -> Option<redis::Value> {
+        let key = &batch[*chunk.first()?].hold.name;
+        self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
+        let result = self.router.run_synced(key, |conn| {
+            match renew_command(batch, gens, chunk, false).query(conn) {
+                Err(e) if scripts::is_noscript(&e) => {
+                    renew_command(batch, gens, chunk, true).query(conn)
                 }
-                _ => return Err(bad_reply("renewal reply has an unknown code")),
-            };
+                other => other,
+            }
+        });
+        match result {
+            Ok((v, Synced::Yes | Synced::NotNeeded)) => Some(v),
+            Ok((_, Synced::No { .. })) => None,
+            Err(e) => {
+                log::warn!(
+                    "redlease-watchdog: renewing {} leases failed: {e}; retrying",
+                    chunk.len()
+                );
+                None
+            }
         }
+    }
+}
+
+/// An error reply that says the script did not run there and then, and
+/// running it again (elsewhere, or in a moment) may work.
+fn is_passing(code: &str) -> bool {
+    matches!(
+        code,
+        "NOSCRIPT" | "MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN" | "LOADING" | "BUSY"
+    )
+}
+
+/// The renewal script call for the locks at `chunk` (indices into `batch`).
+fn renew_command(batch: &[Renewal], gens: &[String], chunk: &[usize], eval: bool) -> redis::Cmd {
+    let size = chunk
+        .iter()
+        .map(|&i| batch[i].hold.name.len() + batch[i].hold.field.len() + 48)
+        .sum();
+    let fill = |cmd: &mut redis::Cmd| {
+        for &i in chunk {
+            cmd.arg(&batch[i].hold.name);
+        }
+        for &i in chunk {
+            let r = &batch[i];
+            cmd.arg(&r.hold.field).arg(&gens[i]).arg(r.lease_ms);
+        }
+    };
+    if eval {
+        scripts::RENEW.eval(chunk.len(), size, fill)
+    } else {
+        scripts::RENEW.evalsha(chunk.len(), size, fill)
+    }
+}
+
+/// What the renewal script says of each of its `n` locks.
+fn parse_renewal(reply: redis::Value, n: usize) -> redis::RedisResult<Vec<Outcome>> {
+    let redis::Value::Array(pairs) = reply else {
+        return Err(bad_reply("renewal reply is not a list"));
+    };
+    let mut outcomes: Vec<Outcome> = (0..n).map(|_| Outcome::Renewed).collect();
+    for pair in pairs.chunks(2) {
+        let [redis::Value::Int(i), code] = pair else {
+            return Err(bad_reply("renewal reply is not a list of pairs"));
+        };
+        // 1-based position within the chunk.
+        let Some(slot) = usize::try_from(*i)
+            .ok()
+            .and_then(|i| i.checked_sub(1))
+            .and_then(|i| outcomes.get_mut(i))
+        else {
+            return Err(bad_reply("renewal reply names a lock not in the batch"));
+        };
+        *slot = match code {
+            redis::Value::Int(_) => Outcome::Gone,
+            redis::Value::BulkString(gen) => {
+                Outcome::Stale(std::str::from_utf8(gen).ok().and_then(|g| g.parse().ok()))
+            }
+            _ => return Err(bad_reply("renewal reply has an unknown code")),
+        };
     }
     Ok(outcomes)
 }
