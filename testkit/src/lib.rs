@@ -9,12 +9,17 @@
 //! * [`Proxy`] — a blocking, thread-per-direction TCP proxy in front of a
 //!   server that can cut connections, stall or delay traffic, and drop the
 //!   reply to one chosen request ([`Proxy::cut_after_request`]).
+//! * [`Cluster`] — a Redis Cluster of such servers (optionally each behind
+//!   a [`Proxy`]), with slot-migration, failover and statistics helpers.
 //! * [`wait_until`] — the only sanctioned way for a test to wait.
 //!
 //! Environment: `REDIS_SERVER_BIN` overrides the `redis-server` binary,
 //! `REDIS_CLI_BIN` the `redis-cli` binary (default: a `redis-cli` next to
 //! `REDIS_SERVER_BIN` if present, else `redis-cli` from `PATH`).
 #![allow(dead_code)]
+
+mod cluster;
+pub use cluster::*;
 
 use std::collections::HashMap;
 use std::env;
@@ -218,7 +223,12 @@ fn read_lossy(path: &Path) -> String {
 static SERVER_COUNTER: AtomicUsize = AtomicUsize::new(0);
 
 struct ServerState {
+    /// The spawned process: redis-server itself, or for a watched server
+    /// the `sh` wrapper around it (see [`WATCH_SCRIPT`]).
     child: Option<Child>,
+    /// Pid of the redis-server process itself (meaningful while `child` is
+    /// `Some`; equal to the child's pid unless watched).
+    pid: u32,
     paused: bool,
 }
 
@@ -234,6 +244,8 @@ pub struct RedisServer {
     port: u16,
     dir: PathBuf,
     extra_args: Vec<String>,
+    /// Launched through the parent-watch wrapper ([`WATCH_SCRIPT`]).
+    watched: bool,
     state: Mutex<ServerState>,
 }
 
@@ -247,11 +259,24 @@ impl RedisServer {
     /// `["--enable-debug-command", "yes"]`) to the command line. They are
     /// reused by [`RedisServer::restart`].
     pub fn start_with_args(extra_args: &[&str]) -> RedisServer {
+        Self::start_inner(extra_args, false, free_port)
+    }
+
+    /// Like [`RedisServer::start_with_args`], but with `pick_port` choosing
+    /// each attempt's port, and with `watched` launching the server through
+    /// the parent-watch wrapper ([`WATCH_SCRIPT`]): then the server (and
+    /// its temp dir) also goes away when this process exits without
+    /// dropping it, e.g. when held in a `static`, or killed.
+    pub(crate) fn start_inner(
+        extra_args: &[&str],
+        watched: bool,
+        pick_port: fn() -> u16,
+    ) -> RedisServer {
         let extra_args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
         let bin = redis_server_path(); // panics before any temp dir exists
         let mut failures = Vec::new();
         for _ in 0..START_ATTEMPTS {
-            let port = free_port();
+            let port = pick_port();
             let n = SERVER_COUNTER.fetch_add(1, Ordering::Relaxed);
             let dir = env::temp_dir().join(format!(
                 "redlease-test-{}-{}-{}",
@@ -262,14 +287,16 @@ impl RedisServer {
             let _ = fs::remove_dir_all(&dir);
             fs::create_dir_all(&dir)
                 .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
-            match launch(&bin, port, &dir, &extra_args) {
-                Ok(child) => {
+            match launch(&bin, port, &dir, &extra_args, watched) {
+                Ok((child, pid)) => {
                     return RedisServer {
                         port,
                         dir,
                         extra_args,
+                        watched,
                         state: Mutex::new(ServerState {
                             child: Some(child),
+                            pid,
                             paused: false,
                         }),
                     };
@@ -290,6 +317,13 @@ impl RedisServer {
             failures.len(),
             failures.join("\n")
         );
+    }
+
+    /// Appends `args` to the command line [`RedisServer::restart`] uses
+    /// (for settings made at runtime with `CONFIG SET` that a restart must
+    /// keep).
+    pub(crate) fn append_restart_args(&mut self, args: &[String]) {
+        self.extra_args.extend_from_slice(args);
     }
 
     /// The TCP port (stable across [`RedisServer::restart`]).
@@ -324,7 +358,8 @@ impl RedisServer {
 
     /// Pid of the running process, if any.
     pub fn pid(&self) -> Option<u32> {
-        lock(&self.state).child.as_ref().map(Child::id)
+        let state = lock(&self.state);
+        state.child.as_ref().map(|_| state.pid)
     }
 
     /// `true` while the process exists (a paused process counts as running).
@@ -355,8 +390,9 @@ impl RedisServer {
         let Some(mut child) = state.child.take() else {
             return;
         };
+        let pid = state.pid;
         if std::mem::take(&mut state.paused) {
-            let _ = signal(child.id(), "CONT");
+            let _ = signal(pid, "CONT");
         }
         // The server closes the connection without replying; ignore the error.
         let _ = raw_command(self.addr(), &["SHUTDOWN", "NOSAVE"], ADMIN_TIMEOUT);
@@ -368,8 +404,7 @@ impl RedisServer {
                 _ => break,
             }
         }
-        let _ = child.kill();
-        let _ = child.wait();
+        terminate(child, pid);
         drop(state);
         panic!(
             "redis-server on port {} did not exit within 10s after SHUTDOWN NOSAVE; log:\n{}",
@@ -390,9 +425,10 @@ impl RedisServer {
         let deadline = Instant::now() + STARTUP_TIMEOUT;
         let mut last_error;
         loop {
-            match launch(&bin, self.port, &self.dir, &self.extra_args) {
-                Ok(child) => {
+            match launch(&bin, self.port, &self.dir, &self.extra_args, self.watched) {
+                Ok((child, pid)) => {
                     state.child = Some(child);
+                    state.pid = pid;
                     return;
                 }
                 Err(e) => last_error = e,
@@ -417,7 +453,7 @@ impl RedisServer {
         let pid = state
             .child
             .as_ref()
-            .map(Child::id)
+            .map(|_| state.pid)
             .expect("pause: server not running");
         signal(pid, "STOP").expect("kill -STOP");
         state.paused = true;
@@ -429,7 +465,7 @@ impl RedisServer {
         let pid = state
             .child
             .as_ref()
-            .map(Child::id)
+            .map(|_| state.pid)
             .expect("resume: server not running");
         signal(pid, "CONT").expect("kill -CONT");
         state.paused = false;
@@ -580,14 +616,39 @@ impl Drop for RedisServer {
 
 /// SIGCONT (if paused), SIGKILL, reap. Never panics.
 fn kill_child(state: &mut ServerState) {
-    if let Some(mut child) = state.child.take() {
+    if let Some(child) = state.child.take() {
         if state.paused {
-            let _ = signal(child.id(), "CONT");
+            let _ = signal(state.pid, "CONT");
         }
-        let _ = child.kill();
-        let _ = child.wait();
+        terminate(child, state.pid);
     }
     state.paused = false;
+}
+
+/// SIGKILLs the redis-server process `pid` and reaps `child` (the server
+/// itself, or its watch wrapper). Never panics.
+///
+/// For a watched server the wrapper exits (and takes its watcher down with
+/// it) once the server is dead; only then is the watch pipe closed, so the
+/// watcher never sees end-of-file while it is alive and never removes the
+/// temp dir (which [`RedisServer::restart`] still needs).
+/// `Child::wait` would close the pipe first, hence the `try_wait` loop.
+fn terminate(mut child: Child, pid: u32) {
+    if child.id() == pid {
+        let _ = child.kill();
+        let _ = child.wait();
+        return;
+    }
+    let _ = signal(pid, "KILL");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while matches!(child.try_wait(), Ok(None)) {
+        if Instant::now() >= deadline {
+            let _ = child.kill(); // the wrapper itself; should not happen
+            break;
+        }
+        thread::sleep(Duration::from_millis(1));
+    }
+    let _ = child.wait();
 }
 
 fn logs_of(dir: &Path) -> String {
@@ -600,15 +661,67 @@ fn logs_of(dir: &Path) -> String {
     out
 }
 
-/// Spawns redis-server on `port` and waits until *it* (checked by pid)
-/// answers; on failure the child is killed and reaped.
-fn launch(bin: &Path, port: u16, dir: &Path, extra_args: &[String]) -> Result<Child, String> {
+/// The parent-watch wrapper of a watched server, run as
+/// `sh -c WATCH_SCRIPT redlease-watch <dir> <redis-server> <args>...` with
+/// its stdin a pipe from this process.
+///
+/// It starts the server in the background (stdin `/dev/null`), prints the
+/// server's pid on stdout (then closes stdout), and starts a watcher that
+/// reads the pipe (moved to fd 3) until end-of-file. The pipe's write end
+/// lives only in this process (Rust opens pipes close-on-exec), so
+/// end-of-file means this process has exited — normally, by panic or by
+/// SIGKILL — or dropped the pipe: the watcher then SIGKILLs the server and
+/// removes its temp dir. The wrapper itself waits for the server and exits
+/// with its status (so `Child::try_wait` on the wrapper tracks the server),
+/// killing the watcher first, which is then past its `trap` only if it is
+/// already cleaning up. Signals (kill, pause, resume) go to the server's
+/// own pid.
+const WATCH_SCRIPT: &str = r#"dir=$1; shift
+exec 3<&0 </dev/null
+"$@" 3<&- >/dev/null &
+child=$!
+echo "$child"
+exec >/dev/null
+( cat <&3; trap '' TERM; kill -9 "$child"; rm -rf "$dir" ) 2>/dev/null &
+watcher=$!
+exec 3<&-
+wait "$child"
+status=$?
+kill "$watcher" 2>/dev/null
+exit "$status"
+"#;
+
+/// Spawns redis-server on `port` (through [`WATCH_SCRIPT`] if `watched`)
+/// and waits until *it* (checked by pid) answers; returns the child and the
+/// server's pid. On failure the child is killed and reaped.
+fn launch(
+    bin: &Path,
+    port: u16,
+    dir: &Path,
+    extra_args: &[String],
+    watched: bool,
+) -> Result<(Child, u32), String> {
     let stderr = File::options()
         .create(true)
         .append(true)
         .open(dir.join("stderr.log"))
         .map_err(|e| format!("cannot create stderr.log: {e}"))?;
-    let mut child = Command::new(bin)
+    let mut command = if watched {
+        let mut c = Command::new("sh");
+        c.arg("-c")
+            .arg(WATCH_SCRIPT)
+            .arg("redlease-watch")
+            .arg(dir)
+            .arg(bin)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        c
+    } else {
+        let mut c = Command::new(bin);
+        c.stdin(Stdio::null()).stdout(Stdio::null());
+        c
+    };
+    let mut child = command
         .arg("--port")
         .arg(port.to_string())
         .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
@@ -617,13 +730,29 @@ fn launch(bin: &Path, port: u16, dir: &Path, extra_args: &[String]) -> Result<Ch
         .arg("--dir")
         .arg(dir)
         .args(extra_args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
         .stderr(stderr)
         .spawn()
         .map_err(|e| format!("cannot spawn redis-server: {e}"))?;
+    let server_pid = if watched {
+        // The wrapper prints the pid right after forking the server, then
+        // closes its stdout: this read ends promptly either way.
+        let mut line = String::new();
+        if let Some(out) = child.stdout.take() {
+            let _ = io::BufRead::read_line(&mut io::BufReader::new(out), &mut line);
+        }
+        match line.trim().parse::<u32>() {
+            Ok(pid) => pid,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("watch wrapper printed no pid (got {line:?})"));
+            }
+        }
+    } else {
+        child.id()
+    };
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let pid = child.id().to_string();
+    let pid = server_pid.to_string();
     let deadline = Instant::now() + STARTUP_TIMEOUT;
     loop {
         if let Ok(Some(status)) = child.try_wait() {
@@ -636,12 +765,11 @@ fn launch(bin: &Path, port: u16, dir: &Path, extra_args: &[String]) -> Result<Ch
             let ours = matches!(&info, Ok(Resp::Bulk(Some(b)))
                 if String::from_utf8_lossy(b).lines().any(|l| l.trim() == format!("process_id:{pid}")));
             if ours {
-                return Ok(child);
+                return Ok((child, server_pid));
             }
         }
         if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
+            terminate(child, server_pid);
             return Err(format!(
                 "redis-server did not answer PING within {STARTUP_TIMEOUT:?}"
             ));
