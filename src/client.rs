@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::cluster::{Cluster, NodeSettings, PubSubMode};
 use crate::connection::{Counters, PoolSettings, Redis, SyncReplicas, Threads};
 use crate::error::{Error, Result};
 use crate::lock::{check_lease, duration_ms, Lock, MIN_RENEW_INTERVAL};
@@ -149,6 +150,53 @@ impl Client {
         b
     }
 
+    /// Starts configuring a client for a Redis Cluster: `seeds` are some of
+    /// its nodes (urls or [`redis::ConnectionInfo`]s; the first one's
+    /// credentials and TLS apply to every node; `rediss://` means TLS to all
+    /// nodes). Every [`ClientBuilder`] setting applies, per node where it
+    /// concerns connections (pool size, timeouts, replica sync).
+    ///
+    /// The client reads the slot map from any seed that answers, sends each
+    /// lock operation to the master of its lock's slot (a lock's keys and
+    /// channel share one slot: Redisson's hash-tag layout), follows `MOVED`
+    /// and `ASK` redirections, and reads the map again after a redirection
+    /// or a node failure, never per call. The watchdog renews all locks of a
+    /// master in one round trip, all masters at once. Waiters use sharded
+    /// pub/sub (`SSUBSCRIBE`) on Redis 7 as Redisson does, with one
+    /// subscriber connection per master that has waited-on locks; see
+    /// [`ClientBuilder::classic_pubsub`] for Redis 6.
+    ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// let client = redlease::Client::cluster_builder([
+    ///     "redis://10.0.0.1:7000/",
+    ///     "redis://10.0.0.2:7000/",
+    ///     "redis://10.0.0.3:7000/",
+    /// ])
+    /// .build()?;
+    /// let guard = client.lock("orders:42").lock()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn cluster_builder<I>(seeds: I) -> ClientBuilder
+    where
+        I: IntoIterator,
+        I::Item: redis::IntoConnectionInfo,
+    {
+        let seeds: Vec<_> = seeds
+            .into_iter()
+            .map(redis::IntoConnectionInfo::into_connection_info)
+            .collect();
+        let mut b = ClientBuilder::new(Err(redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "no cluster node given",
+        ))));
+        b.cluster = Some(ClusterSettings {
+            seeds,
+            pubsub: PubSubMode::Auto,
+        });
+        b
+    }
+
     /// A handle on the lock named `name` (any UTF-8, including braces,
     /// newlines and NUL). Cheap and infallible: the name is checked when the
     /// lock is used.
@@ -179,6 +227,7 @@ impl Client {
         ClientStats {
             round_trips: counters.round_trips.load(Ordering::Relaxed),
             connection_failures: counters.failures.load(Ordering::Relaxed),
+            renewal_batches: wd.batches.load(Ordering::Relaxed),
             renewal_round_trips: wd.round_trips.load(Ordering::Relaxed),
             renewals: wd.renewals.load(Ordering::Relaxed),
             locks_lost: wd.lost.load(Ordering::Relaxed),
@@ -208,7 +257,13 @@ pub struct ClientStats {
     pub round_trips: u64,
     /// Connection failures seen (each discards the pooled connections).
     pub connection_failures: u64,
-    /// Round trips the watchdog made (one per due batch).
+    /// Times the watchdog woke up to renew leases (it renews everything due
+    /// at once).
+    pub renewal_batches: u64,
+    /// Round trips the watchdog made: one per node per wake-up (one Redis:
+    /// one per wake-up; a cluster: one per master with leases due), plus one
+    /// per node after Redis lost its script cache, and one per script a slot
+    /// migration redirected.
     pub renewal_round_trips: u64,
     /// Leases the watchdog renewed.
     pub renewals: u64,
@@ -239,6 +294,7 @@ pub struct ClientStats {
 pub struct ClientBuilder {
     info: std::result::Result<redis::ConnectionInfo, redis::RedisError>,
     sentinel: Option<SentinelSettings>,
+    cluster: Option<ClusterSettings>,
     tls: TlsOptions,
     pool_size: u32,
     min_idle: Option<u32>,
@@ -261,6 +317,12 @@ struct SentinelSettings {
     db: i64,
 }
 
+/// What `cluster_builder` took.
+struct ClusterSettings {
+    seeds: Vec<redis::RedisResult<redis::ConnectionInfo>>,
+    pubsub: PubSubMode,
+}
+
 /// The most `retry_attempts` accepted.
 const MAX_RETRY_ATTEMPTS: u32 = 100;
 
@@ -269,6 +331,7 @@ impl ClientBuilder {
         ClientBuilder {
             info,
             sentinel: None,
+            cluster: None,
             tls: TlsOptions::default(),
             pool_size: 16,
             min_idle: Some(1),
@@ -284,6 +347,25 @@ impl ClientBuilder {
             },
             on_lock_lost: None,
         }
+    }
+
+    /// For a [`Client::cluster_builder`]: use classic `PUBLISH`/`SUBSCRIBE`
+    /// for lock channels instead of sharded pub/sub. Needed where Redisson
+    /// clients on the same cluster use classic pub/sub
+    /// (`subscriptionMode`/`shardedSubscriptionMode` off), so that each side
+    /// hears the other's releases. On Redis 6, which has no sharded pub/sub,
+    /// classic is chosen by itself (found with `PUBSUB SHARDNUMSUB`, as
+    /// Redisson does). Classic messages are broadcast to every node of the
+    /// cluster; sharded ones stay within the slot's shard.
+    pub fn classic_pubsub(mut self, classic: bool) -> Self {
+        if let Some(c) = &mut self.cluster {
+            c.pubsub = if classic {
+                PubSubMode::Classic
+            } else {
+                PubSubMode::Auto
+            };
+        }
+        self
     }
 
     /// For a [`Client::sentinel_builder`]: the username (ACL) and password
@@ -456,7 +538,7 @@ impl ClientBuilder {
     /// # Errors
     ///
     /// [`Error::InvalidUrl`] or [`Error::InvalidArgument`] for bad settings.
-    pub fn build_lazy(self) -> Result<Client> {
+    pub fn build_lazy(mut self) -> Result<Client> {
         if self.pool_size == 0 {
             return Err(Error::invalid("pool_size is 0: use at least 1"));
         }
@@ -518,9 +600,57 @@ impl ClientBuilder {
                  or redis+unix:///path"
             ))
         };
+        let pool = PoolSettings {
+            max_size: self.pool_size,
+            min_idle: self.min_idle,
+            max_lifetime: self.max_lifetime,
+            idle_timeout: self.idle_timeout,
+            connection_timeout: self.connection_timeout,
+        };
+        let counters = Arc::new(Counters::default());
+        if let Some(c) = self.cluster.take() {
+            if c.seeds.is_empty() {
+                return Err(Error::invalid(
+                    "no cluster node given: pass the addresses of at least one node (several, \
+                     in case one is down)",
+                ));
+            }
+            let mut seeds = Vec::with_capacity(c.seeds.len());
+            let mut template = None;
+            for info in c.seeds {
+                let info = info.map_err(bad_url)?;
+                let at = describe(&info);
+                if info.redis_settings().db() != 0 {
+                    return Err(Error::InvalidUrl(format!(
+                        "{at}: Redis Cluster has database 0 only: drop the database from the url"
+                    )));
+                }
+                let endpoint = Endpoint::new(&info, &self.tls)
+                    .map_err(|e| Error::InvalidUrl(format!("cluster node {at}: {e}")))?;
+                seeds.push(endpoint.addr.clone());
+                template.get_or_insert(endpoint);
+            }
+            let template = template.expect("at least one seed");
+            let server = format!("cluster of {} seed node(s)", seeds.len());
+            let cluster = Cluster::new(
+                seeds,
+                NodeSettings {
+                    template,
+                    pool,
+                    response_timeout: self.response_timeout,
+                    retry_attempts: self.retry_attempts,
+                    sync: self.sync,
+                    counters: Arc::clone(&counters),
+                    threads: Threads::default(),
+                },
+                c.pubsub,
+            );
+            let router = Arc::new(Router::cluster(cluster, self.retry_attempts, counters));
+            return Ok(self.finish(router, server));
+        }
         let (target, server) = match &self.sentinel {
             None => {
-                let info = self.info.map_err(bad_url)?;
+                let info = self.info.clone().map_err(bad_url)?;
                 let server = describe(&info);
                 let endpoint = Endpoint::new(&info, &self.tls)
                     .map_err(|e| Error::InvalidUrl(format!("{server}: {e}")))?;
@@ -578,16 +708,9 @@ impl ClientBuilder {
                 (Target::Sentinel(Arc::new(sentinel)), server)
             }
         };
-        let counters = Arc::new(Counters::default());
         let redis = Arc::new(Redis::new(
             target.clone(),
-            PoolSettings {
-                max_size: self.pool_size,
-                min_idle: self.min_idle,
-                max_lifetime: self.max_lifetime,
-                idle_timeout: self.idle_timeout,
-                connection_timeout: self.connection_timeout,
-            },
+            pool,
             self.response_timeout,
             self.retry_attempts,
             self.sync,
@@ -595,10 +718,12 @@ impl ClientBuilder {
             Threads::default(),
         ));
         let node = Node {
+            name: server.clone(),
             pubsub: PubSub::new(
                 target.clone(),
                 self.connection_timeout,
                 self.response_timeout,
+                None,
             ),
             redis,
         };
@@ -612,6 +737,11 @@ impl ClientBuilder {
             s.on_change(node.pubsub.kicker());
         }
         let router = Arc::new(Router::single(node, self.retry_attempts, counters));
+        Ok(self.finish(router, server))
+    }
+
+    /// The client on `router`.
+    fn finish(self, router: Arc<Router>, server: String) -> Client {
         let shared = Shared {
             id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
             uuid: uuid::Uuid::new_v4().to_string(),
@@ -623,9 +753,9 @@ impl ClientBuilder {
                 .saturating_mul(4)
                 .max(1000),
         };
-        Ok(Client {
+        Client {
             shared: Arc::new(shared),
-        })
+        }
     }
 }
 

@@ -58,6 +58,8 @@ pub(crate) struct Manager {
     connect_timeout: Duration,
     response_timeout: Duration,
     epoch: Arc<AtomicU64>,
+    /// When the last connection attempt failed (`None` once one succeeds).
+    failed_at: Arc<parking_lot::Mutex<Option<Instant>>>,
 }
 
 #[derive(Debug)]
@@ -90,6 +92,7 @@ impl Manager {
             connect_timeout,
             response_timeout,
             epoch,
+            failed_at: Arc::default(),
         }
     }
 }
@@ -106,6 +109,7 @@ impl r2d2::ManageConnection for Manager {
             epoch = self.epoch.load(Ordering::Acquire);
             Connection::open(&endpoint, self.connect_timeout, self.response_timeout)
         });
+        *self.failed_at.lock() = opened.is_err().then(Instant::now);
         match opened {
             Ok(inner) => Ok(Conn {
                 link: Ok(inner),
@@ -179,7 +183,15 @@ pub(crate) struct Redis {
     born: Instant,
     /// The thread that opens connections (shared by all nodes of a client).
     threads: Threads,
+    /// Fail at once, instead of waiting for a connection, while the last
+    /// attempt to connect failed (a Cluster node: its slots may be served
+    /// elsewhere by now, and the router finds out). Each checkout still
+    /// has a new attempt made, and waits [`FAST_CHECKOUT`] for it.
+    fail_fast: bool,
 }
+
+/// The first part of a checkout that fails fast (see [`Redis::checkout`]).
+const FAST_CHECKOUT: Duration = Duration::from_millis(100);
 
 /// The one thread (`redlease-connect`, not r2d2's default three) that opens
 /// connections for every pool of a client and runs the Sentinel master
@@ -270,7 +282,34 @@ impl Redis {
             replicas_reading: std::sync::atomic::AtomicBool::new(false),
             wait_refused: std::sync::atomic::AtomicBool::new(false),
             born: Instant::now(),
+            fail_fast: false,
         }
+    }
+
+    /// A pooled connection within `timeout`. Failing fast, the wait is cut
+    /// short once an attempt to connect has failed (r2d2 would retry until
+    /// the timeout): first [`FAST_CHECKOUT`], then the rest unless the
+    /// attempt made meanwhile failed.
+    fn checkout(&self, timeout: Duration) -> Result<r2d2::PooledConnection<Manager>> {
+        if self.fail_fast && timeout > FAST_CHECKOUT {
+            match self.pool().get_timeout(FAST_CHECKOUT) {
+                Ok(conn) => return Ok(conn),
+                Err(e) if self.unreachable() => return Err(Error::pool(e)),
+                Err(_) => {
+                    return self
+                        .pool()
+                        .get_timeout(timeout - FAST_CHECKOUT)
+                        .map_err(Error::pool)
+                }
+            }
+        }
+        self.pool().get_timeout(timeout).map_err(Error::pool)
+    }
+
+    /// Fails at once while the server is known unreachable (see the field).
+    pub(crate) fn failing_fast(mut self) -> Redis {
+        self.fail_fast = true;
+        self
     }
 
     /// The `WAIT` a write needs now: `min` replicas, capped by those the
@@ -280,10 +319,19 @@ impl Redis {
         if self.sync.min == 0 {
             return None;
         }
+        self.count_replicas_if_stale();
+        self.wait_known()
+    }
+
+    /// Reads the master's replica count if it is older than
+    /// [`REPLICAS_FRESH`], unless another caller is reading it.
+    fn count_replicas_if_stale(&self) {
+        if self.sync.min == 0 {
+            return;
+        }
         let now_ms = duration_ms(self.born.elapsed()).max(1);
         let at = self.replicas_at.load(Ordering::Acquire);
         let stale = at == 0 || now_ms.saturating_sub(at) >= duration_ms(REPLICAS_FRESH);
-        let unknown = self.replicas.load(Ordering::Acquire) < 0;
         if stale
             && self
                 .replicas_reading
@@ -293,8 +341,13 @@ impl Redis {
             self.read_replicas();
             self.replicas_at.store(now_ms, Ordering::Release);
             self.replicas_reading.store(false, Ordering::Release);
-        } else if unknown {
-            // Another caller is reading the first count; go without.
+        }
+    }
+
+    /// The `WAIT` a write needs by the replica count known now (none while
+    /// the first count is being read).
+    fn wait_known(&self) -> Option<(u32, Duration)> {
+        if self.sync.min == 0 {
             return None;
         }
         let have = u32::try_from(self.replicas.load(Ordering::Acquire).max(0)).unwrap_or(0);
@@ -393,12 +446,21 @@ impl Redis {
     /// The first half of a [`fan_out`]: sends `packed` (`count` commands,
     /// plus the replica sync `WAIT`) on a pooled connection without waiting
     /// for the replies.
-    fn send_job(&self, packed: &[u8]) -> Result<InFlight> {
-        let wait = self.wait_needed();
-        let mut conn = self
-            .pool()
-            .get_timeout(self.checkout_timeout)
-            .map_err(Error::pool)?;
+    ///
+    /// Neither this nor [`receive_job`](Self::receive_job) waits for
+    /// anything but the request itself: the replica count it goes by is the
+    /// one known (read again afterwards if stale), and without `wait` it
+    /// takes only an idle pooled connection (`None` if there is none).
+    fn send_job(&self, packed: &[u8], wait_for_connection: bool) -> Result<Option<InFlight>> {
+        let wait = self.wait_known();
+        let mut conn = if wait_for_connection {
+            self.checkout(self.checkout_timeout)?
+        } else {
+            match self.pool().try_get() {
+                Some(c) => c,
+                None => return Ok(None),
+            }
+        };
         let sent = match &mut conn.link {
             Ok(link) => {
                 let timeouts = match wait {
@@ -417,7 +479,7 @@ impl Redis {
             Err(r) => return Err(Error::Redis(r.error.clone())),
         };
         match sent {
-            Ok(()) => Ok(InFlight { conn, wait }),
+            Ok(()) => Ok(Some(InFlight { conn, wait })),
             Err(e) => {
                 self.failed(&mut conn, &e);
                 Err(Error::Redis(e))
@@ -526,6 +588,12 @@ impl Redis {
         Ok(())
     }
 
+    /// `true` while the last attempt to connect failed (none has succeeded
+    /// since).
+    pub(crate) fn unreachable(&self) -> bool {
+        self.manager.failed_at.lock().is_some()
+    }
+
     /// Where connections go.
     pub(crate) fn target(&self) -> &Target {
         &self.manager.target
@@ -573,9 +641,20 @@ impl Redis {
                     (redis::ErrorKind::Io, "retries ran out of time").into()
                 })));
             }
-            let mut conn = match self.pool().get_timeout(self.checkout_timeout.min(left)) {
+            if self.fail_fast && self.unreachable() {
+                return Err(first_failure.map_or_else(
+                    || {
+                        Error::Pool(format!(
+                            "{} is unreachable (its last connection attempt failed)",
+                            self.manager.target.describe()
+                        ))
+                    },
+                    Error::Redis,
+                ));
+            }
+            let mut conn = match self.checkout(self.checkout_timeout.min(left)) {
                 Ok(conn) => conn,
-                Err(e) => return Err(first_failure.map_or_else(|| Error::pool(e), Error::Redis)),
+                Err(e) => return Err(first_failure.map_or_else(|| e, Error::Redis)),
             };
             let link = match &mut conn.link {
                 Ok(link) => link,
@@ -639,7 +718,7 @@ impl Redis {
 }
 
 /// The connection can no longer be trusted (it may even get a late reply).
-fn is_connection_failure(e: &redis::RedisError) -> bool {
+pub(crate) fn is_connection_failure(e: &redis::RedisError) -> bool {
     is_io_failure(e) || e.is_unrecoverable_error()
 }
 
@@ -675,9 +754,32 @@ pub(crate) struct Job<'a> {
 /// retried here. Each job's wait for its replies is bounded by its own
 /// connection's timeouts, which all started running at about the same time.
 pub(crate) fn fan_out(jobs: &[Job<'_>]) -> Vec<Result<(Vec<Value>, Synced)>> {
-    let sent: Vec<Result<InFlight>> = jobs.iter().map(|j| j.redis.send_job(&j.packed)).collect();
-    jobs.iter()
+    // Nodes with an idle connection first: a node that is down (no valid
+    // connection, new ones refused or hanging) costs its checkout timeout
+    // only after the others' requests are out.
+    let mut sent: Vec<Option<Result<InFlight>>> = jobs
+        .iter()
+        .map(|j| j.redis.send_job(&j.packed, false).transpose())
+        .collect();
+    for (job, s) in jobs.iter().zip(sent.iter_mut()) {
+        if s.is_none() {
+            *s = job.redis.send_job(&job.packed, true).transpose();
+        }
+    }
+    let results = jobs
+        .iter()
         .zip(sent)
-        .map(|(job, sent)| sent.and_then(|f| job.redis.receive_job(f, job.count)))
-        .collect()
+        .map(|(job, sent)| match sent {
+            Some(sent) => sent.and_then(|f| job.redis.receive_job(f, job.count)),
+            None => Err(Error::Redis(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "no connection",
+            )))),
+        })
+        .collect();
+    // Replica counts that went stale are read now, after this round.
+    for job in jobs {
+        job.redis.count_replicas_if_stale();
+    }
+    results
 }

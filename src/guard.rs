@@ -707,6 +707,7 @@ impl LockGuard {
                     lease_ms,
                     latch_ms,
                     n,
+                    shared.router.publish_command(),
                 )
             })
             .map(|(reply, _)| reply);

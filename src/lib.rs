@@ -115,6 +115,7 @@
 #![warn(missing_docs)]
 
 mod client;
+mod cluster;
 mod connection;
 mod error;
 mod guard;

@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::guard::{
     insert_hold, keys, owner_state, settle, settle_later, Hold, LockGuard, Lost, Unsettled,
 };
+use crate::pubsub::{Subscription, Wake};
 use crate::router::Router;
 use crate::scripts::{self, LockRef};
 use crate::watchdog::jitter;
@@ -383,7 +384,14 @@ impl Lock {
         let latch =
             scripts::force_unlock_latch_name(&self.name, self.client.id(), shared.next_request());
         let (deleted, _) = self.router().run_synced(&self.name, |conn| {
-            scripts::force_unlock(conn, &self.name, &self.channel, &latch, shared.latch_ttl_ms)
+            scripts::force_unlock(
+                conn,
+                &self.name,
+                &self.channel,
+                &latch,
+                shared.latch_ttl_ms,
+                self.router().publish_command(),
+            )
         })?;
         Ok(deleted == 1)
     }
@@ -397,6 +405,16 @@ impl Lock {
             return Err(Error::invalid(
                 "the lock name is empty: give the lock a non-empty name",
             ));
+        }
+        if self.router().is_cluster() && !scripts::same_slot(&self.name) {
+            // Redisson's layout puts such a name's channel in another slot:
+            // every script would fail with CROSSSLOT.
+            return Err(Error::invalid(format!(
+                "lock name {:?} would put its keys in different slots of a Redis Cluster (a \
+                 '{{' without a complete, non-empty hash tag, or a '}}' without a '{{'): close \
+                 the tag (e.g. \"a{{b}}\") or leave braces out",
+                self.name
+            )));
         }
         Ok(())
     }
@@ -448,8 +466,7 @@ impl Lock {
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Ok(None);
         }
-        let node = self.router().node(&self.channel)?;
-        let subscription = node.pubsub.subscribe(&self.channel, &self.name, deadline)?;
+        let mut subscription = self.subscribe(deadline)?;
         loop {
             // An error drops the subscription, which passes a wake-up this
             // retry took on to another waiter.
@@ -470,8 +487,21 @@ impl Lock {
             if let Some(d) = deadline {
                 until = until.min(d);
             }
-            subscription.wait_until(until)?;
+            if let Wake::Moved(to) = subscription.wait_until(until)? {
+                // The channel's slot moved or its node failed (Cluster):
+                // subscribe where it is now, then retry (a release between
+                // the two is not missed).
+                drop(subscription);
+                self.router().channel_moved(&self.channel, to.as_deref());
+                subscription = self.subscribe(deadline)?;
+            }
         }
+    }
+
+    /// Subscribes to this lock's release channel on the node serving it.
+    fn subscribe(&self, deadline: Option<Instant>) -> Result<Subscription> {
+        let node = self.router().node(&self.channel)?;
+        node.pubsub.subscribe(&self.channel, &self.name, deadline)
     }
 
     /// [`attempt`](Lock::attempt), tried again (up to the client's
@@ -489,8 +519,10 @@ impl Lock {
     }
 
     /// [`attempt_synced`](Lock::attempt_synced), riding out a failover of a
-    /// Sentinel group's master: a failure a failover causes (no connection,
-    /// `READONLY`, `MASTERDOWN`, no master known yet) is retried after a
+    /// Sentinel group's master or of a Cluster master, and a Cluster slot
+    /// migration: a failure they cause (no connection, `READONLY`,
+    /// `MASTERDOWN`, `CLUSTERDOWN`, `TRYAGAIN`, no master known yet) is
+    /// retried after a
     /// growing pause (50 ms to 500 ms, jittered) until the deadline; an
     /// error is returned when the next try would pass it.
     fn attempt_through_failover(
@@ -644,7 +676,10 @@ impl Lock {
 /// What a failover of the master looks like from a client.
 fn is_failover_symptom(e: &Error) -> bool {
     e.is_connection_error()
-        || matches!(e, Error::Redis(r) if matches!(r.code(), Some("READONLY" | "MASTERDOWN" | "LOADING")))
+        || matches!(e, Error::Redis(r) if matches!(
+            r.code(),
+            Some("READONLY" | "MASTERDOWN" | "LOADING" | "CLUSTERDOWN" | "TRYAGAIN")
+        ))
 }
 
 pub(crate) fn duration_ms(d: Duration) -> u64 {

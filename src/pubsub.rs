@@ -168,6 +168,9 @@ struct LatchState {
     permits: usize,
     /// Set when Redis refused the channel's SUBSCRIBE.
     failed: Option<redis::RedisError>,
+    /// Set when the channel left this node (Cluster): `Some(addr)` when
+    /// Redis named the node that has it now.
+    moved: Option<Option<String>>,
 }
 
 impl Latch {
@@ -177,6 +180,7 @@ impl Latch {
                 waiters: 0,
                 permits: 0,
                 failed: None,
+                moved: None,
             }),
             wake: Condvar::new(),
         }
@@ -193,6 +197,12 @@ impl Latch {
             state.permits = (state.permits + 1).min(cap);
             self.wake.notify_one();
         }
+    }
+
+    fn moved(&self, to: Option<&str>) {
+        let mut state = self.state.lock();
+        state.moved = Some(to.map(str::to_owned));
+        self.wake.notify_all();
     }
 
     fn fail(&self, e: &redis::RedisError) {
@@ -225,6 +235,12 @@ enum Sent {
         seq: u64,
         subscribe: Option<Arc<Channel>>,
     },
+    /// An UNSUBSCRIBE of the channel named (its reply looks like the
+    /// `sunsubscribe` Redis pushes when a slot migrates).
+    Unsubscribe {
+        seq: u64,
+        channel: String,
+    },
     Ping,
 }
 
@@ -255,6 +271,19 @@ impl Outbox {
         seq
     }
 
+    /// Queues the UNSUBSCRIBE of `channel` (see [`push`](Outbox::push)).
+    fn push_unsubscribe(&mut self, cmd: &[u8], channel: &str) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        if self.stream.is_some() {
+            self.buf.extend_from_slice(cmd);
+            self.sent.push_back(Sent::Unsubscribe {
+                seq,
+                channel: channel.to_owned(),
+            });
+        }
+    }
+
     /// Queues a PING (unnumbered) unless one is awaiting its PONG; `false`
     /// without a connection.
     fn ping(&mut self, now: Instant) -> bool {
@@ -273,6 +302,11 @@ impl Outbox {
 
 struct Inner {
     target: Target,
+    /// On a cluster node: whether channels are sharded (`SSUBSCRIBE`),
+    /// decided by the cluster; and channels follow their slot (a channel
+    /// that leaves this node, or whose node fails, is handed back to its
+    /// waiters to subscribe again where the slot is now).
+    cluster: Option<Arc<AtomicBool>>,
     /// Set by [`PubSub::kicker`]'s closure (the master moved): reconnect at
     /// once. The channel wakes a reconnect backoff.
     kicked: AtomicBool,
@@ -303,10 +337,12 @@ impl PubSub {
         target: Target,
         connect_timeout: Duration,
         response_timeout: Duration,
+        cluster: Option<Arc<AtomicBool>>,
     ) -> PubSub {
         PubSub {
             inner: Arc::new(Inner {
                 target,
+                cluster,
                 kicked: AtomicBool::new(false),
                 kick: crossbeam_channel::bounded(1),
                 connect_timeout,
@@ -394,7 +430,7 @@ impl PubSub {
             let (chan, created) = match map.get(channel) {
                 Some(c) => (Arc::clone(c), false),
                 None => {
-                    let cmd = redis::cmd("SUBSCRIBE").arg(channel).get_packed_command();
+                    let cmd = inner.command(true, channel);
                     let mut out = inner.out.lock();
                     let c = Arc::new(Channel {
                         name: channel.to_owned(),
@@ -418,6 +454,8 @@ impl PubSub {
         };
         if created {
             inner.flush();
+            // A cluster node's subscriber idles without channels: wake it.
+            let _ = inner.kick.0.try_send(());
         }
         let subscription = Subscription {
             inner: Arc::clone(&self.inner),
@@ -444,6 +482,11 @@ impl PubSub {
 
 impl Drop for PubSub {
     fn drop(&mut self) {
+        if self.inner.cluster.is_some() {
+            // A cluster node that serves no slot any more: its waiters
+            // subscribe where their slots are now.
+            self.inner.move_all();
+        }
         self.inner.shutdown.store(true, Ordering::Release);
         // Dropping the sender wakes a backoff wait; shutting the socket down
         // ends a blocking read.
@@ -452,6 +495,17 @@ impl Drop for PubSub {
             s.shutdown();
         }
     }
+}
+
+/// What ended a wait on a subscription.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Wake {
+    /// A release message or a reconnect: retry.
+    Woken,
+    TimedOut,
+    /// The channel is no longer served by this subscriber (Cluster): it
+    /// moved to the node named, if Redis named one.
+    Moved(Option<String>),
 }
 
 /// A waiter's subscription to one lock's release channel; unsubscribes on
@@ -467,14 +521,16 @@ pub(crate) struct Subscription {
 
 impl Subscription {
     /// Waits for a wake-up (a release message on this lock's channel, or a
-    /// reconnect) until `until`. `Ok(true)`: woken; the waiter now holds the
+    /// reconnect) until `until`. [`Wake::Woken`]: the waiter now holds the
     /// wake-up and calls [`used`](Subscription::used) once its retry got an
     /// answer from Redis. A wake-up still held when the subscription is
     /// dropped is passed on to another waiter of the same lock in this
-    /// process, if any. `Ok(false)`: timed out.
+    /// process, if any. [`Wake::Moved`]: the channel left this node (a
+    /// cluster slot moved, or the node failed); subscribe again through the
+    /// router.
     ///
     /// Errors: Redis refused the channel's SUBSCRIBE.
-    pub(crate) fn wait_until(&self, until: Instant) -> Result<bool> {
+    pub(crate) fn wait_until(&self, until: Instant) -> Result<Wake> {
         // Waiting again means the retry after the last wake-up was answered.
         self.held.set(false);
         let mut state = self.latch.state.lock();
@@ -482,17 +538,20 @@ impl Subscription {
             if let Some(e) = &state.failed {
                 return Err(Error::Redis(e.clone()));
             }
+            if let Some(to) = &state.moved {
+                return Ok(Wake::Moved(to.clone()));
+            }
             if state.permits > 0 {
                 state.permits -= 1;
                 self.held.set(true);
-                return Ok(true);
+                return Ok(Wake::Woken);
             }
             if self.latch.wake.wait_until(&mut state, until).timed_out() {
                 if let Some(e) = &state.failed {
                     return Err(Error::Redis(e.clone()));
                 }
-                if state.permits == 0 {
-                    return Ok(false);
+                if state.permits == 0 && state.moved.is_none() {
+                    return Ok(Wake::TimedOut);
                 }
             }
         }
@@ -541,12 +600,8 @@ impl Drop for Subscription {
                     .is_some_and(|c| Arc::ptr_eq(c, &self.channel))
             {
                 map.remove(&self.channel.name);
-                inner.out.lock().push(
-                    &redis::cmd("UNSUBSCRIBE")
-                        .arg(&self.channel.name)
-                        .get_packed_command(),
-                    None,
-                );
+                let cmd = inner.command(false, &self.channel.name);
+                inner.out.lock().push_unsubscribe(&cmd, &self.channel.name);
                 true
             } else {
                 false
@@ -559,8 +614,12 @@ impl Drop for Subscription {
 }
 
 enum Reply {
-    /// The reply to a SUBSCRIBE or UNSUBSCRIBE.
+    /// The reply to a SUBSCRIBE (or SSUBSCRIBE).
     Ack,
+    /// An `unsubscribe` (or `sunsubscribe`) of the channel named: the reply
+    /// to our UNSUBSCRIBE, or pushed by Redis when the channel's slot
+    /// migrates.
+    Unsubscribed(String),
     /// The reply to a PING (`+PONG`, or `pong` in subscribed mode).
     Pong,
     /// An error reply to whatever command is next in line.
@@ -572,6 +631,11 @@ enum Reply {
 fn classify(v: redis::Value) -> Reply {
     let items = match v {
         redis::Value::Array(items) => items,
+        redis::Value::Push { kind, data } => {
+            let mut items = vec![redis::Value::BulkString(kind.to_string().into_bytes())];
+            items.extend(data);
+            items
+        }
         redis::Value::SimpleString(s) if s.eq_ignore_ascii_case("pong") => return Reply::Pong,
         redis::Value::ServerError(e) => return Reply::Refused(e),
         _ => return Reply::Other,
@@ -580,16 +644,15 @@ fn classify(v: redis::Value) -> Reply {
         Some(redis::Value::BulkString(k)) => k.as_slice(),
         _ => return Reply::Other,
     };
+    let channel = || match items.get(1) {
+        Some(redis::Value::BulkString(ch)) => String::from_utf8(ch.clone()).ok(),
+        _ => None,
+    };
     match kind {
-        b"subscribe" | b"unsubscribe" => Reply::Ack,
+        b"subscribe" | b"ssubscribe" => Reply::Ack,
+        b"unsubscribe" | b"sunsubscribe" => channel().map_or(Reply::Other, Reply::Unsubscribed),
         b"pong" => Reply::Pong,
-        b"message" => match items.get(1) {
-            Some(redis::Value::BulkString(ch)) => match String::from_utf8(ch.clone()) {
-                Ok(ch) => Reply::Message(ch),
-                Err(_) => Reply::Other,
-            },
-            _ => Reply::Other,
-        },
+        b"message" | b"smessage" => channel().map_or(Reply::Other, Reply::Message),
         _ => Reply::Other,
     }
 }
@@ -626,6 +689,55 @@ fn refused_error(channel: &str, e: &redis::ServerError) -> redis::RedisError {
 }
 
 impl Inner {
+    /// The packed (S)SUBSCRIBE or (S)UNSUBSCRIBE of `channel`.
+    fn command(&self, subscribe: bool, channel: &str) -> Vec<u8> {
+        let sharded = self
+            .cluster
+            .as_ref()
+            .is_some_and(|s| s.load(Ordering::Acquire));
+        let verb = match (subscribe, sharded) {
+            (true, false) => "SUBSCRIBE",
+            (true, true) => "SSUBSCRIBE",
+            (false, false) => "UNSUBSCRIBE",
+            (false, true) => "SUNSUBSCRIBE",
+        };
+        redis::cmd(verb).arg(channel).get_packed_command()
+    }
+
+    /// The channel left this node (a cluster slot moved, to `to` if Redis
+    /// said where): its entry goes (without an UNSUBSCRIBE: Redis dropped
+    /// it), and its waiters are told to subscribe again through the router.
+    fn move_channel(&self, channel: &Channel, to: Option<&str>) {
+        let latches = {
+            let mut map = self.channels.lock();
+            if map
+                .get(&channel.name)
+                .is_some_and(|c| std::ptr::eq(Arc::as_ptr(c), channel))
+            {
+                map.remove(&channel.name);
+            }
+            channel.latches()
+        };
+        log::info!(
+            "redlease-pubsub: channel {:?} left this node{}; its waiters follow it",
+            channel.name,
+            to.map(|a| format!(" for {a}")).unwrap_or_default()
+        );
+        for latch in latches {
+            latch.moved(to);
+        }
+    }
+
+    /// A cluster node's subscriber lost its connection: every channel is
+    /// handed back to its waiters, who subscribe again where their slot is
+    /// now (on this node again if it is back).
+    fn move_all(&self) {
+        let channels: Vec<Arc<Channel>> = self.channels.lock().values().cloned().collect();
+        for c in channels {
+            self.move_channel(&c, None);
+        }
+    }
+
     /// Writes what is queued, unless another thread is already doing so (it
     /// will take our commands too). No lock is held during the write.
     fn flush(&self) {
@@ -714,6 +826,18 @@ impl Inner {
         let mut last_fast: Option<Instant> = None;
         let mut pause: Option<Duration> = None;
         while !self.shutdown.load(Ordering::Acquire) {
+            if self.cluster.is_some() && self.channels.lock().is_empty() {
+                // A cluster node's subscriber connects only for channels
+                // (a node that failed is not dialled on and on); a new
+                // channel kicks it.
+                crossbeam_channel::select! {
+                    recv(stop) -> _ => break,
+                    recv(self.kick.1) -> _ => {}
+                }
+                if self.channels.lock().is_empty() {
+                    continue;
+                }
+            }
             if let Some(d) = pause.take() {
                 crossbeam_channel::select! {
                     recv(stop) -> _ => break,
@@ -733,6 +857,11 @@ impl Inner {
                     stream.shutdown();
                     if self.shutdown.load(Ordering::Acquire) {
                         break;
+                    }
+                    if self.cluster.is_some() {
+                        // The node failed, or its link did: the waiters
+                        // find where their slots are now.
+                        self.move_all();
                     }
                     if self.kicked.swap(false, Ordering::AcqRel) {
                         // The master moved: go to the new one now.
@@ -760,6 +889,9 @@ impl Inner {
                 }
                 Err(e) => {
                     self.target.suspect();
+                    if self.cluster.is_some() {
+                        self.move_all();
+                    }
                     let d = jitter(backoff, 0.5);
                     log::warn!("redlease-pubsub: {e}; retrying in {d:?}");
                     backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -812,10 +944,7 @@ impl Inner {
                 self.acked_cv.notify_all();
             }
             for c in map.values() {
-                out.push(
-                    &redis::cmd("SUBSCRIBE").arg(&c.name).get_packed_command(),
-                    Some(Arc::clone(c)),
-                );
+                out.push(&self.command(true, &c.name), Some(Arc::clone(c)));
             }
             (!map.is_empty()).then_some(out.next_seq)
         };
@@ -850,6 +979,26 @@ impl Inner {
                     continue;
                 }
                 Reply::Other => continue,
+                Reply::Unsubscribed(ref name) => {
+                    // Ours if the next reply due is to our UNSUBSCRIBE of
+                    // that channel; else Redis pushed it: the channel's slot
+                    // migrated away from this node.
+                    let mut out = self.out.lock();
+                    let ours = matches!(
+                        out.sent.front(),
+                        Some(Sent::Unsubscribe { channel, .. }) if channel == name
+                    );
+                    if ours {
+                        out.sent.pop_front()
+                    } else {
+                        drop(out);
+                        let channel = self.channels.lock().get(name).cloned();
+                        if let Some(c) = channel {
+                            self.move_channel(&c, None);
+                        }
+                        continue;
+                    }
+                }
                 Reply::Ack | Reply::Pong | Reply::Refused(_) => {
                     let mut out = self.out.lock();
                     let front = out.sent.pop_front();
@@ -861,12 +1010,25 @@ impl Inner {
                 }
             };
             match (reply, answered) {
-                (Reply::Ack, Some(Sent::Command { seq, .. })) => self.set_acked(seq),
+                (Reply::Ack, Some(Sent::Command { seq, .. }))
+                | (Reply::Unsubscribed(_), Some(Sent::Unsubscribe { seq, .. })) => {
+                    self.set_acked(seq)
+                }
                 (Reply::Refused(e), Some(Sent::Command { seq, subscribe })) => {
                     match subscribe {
+                        // The channel's slot is served elsewhere (Cluster):
+                        // its waiters follow it.
+                        Some(c) if e.code() == "MOVED" => {
+                            let to = e.details().and_then(|d| d.split_whitespace().nth(1));
+                            self.move_channel(&c, to);
+                        }
                         Some(c) => self.fail_channel(&c, &e),
-                        None => log::warn!("redlease-pubsub: redis refused UNSUBSCRIBE ({e})"),
+                        None => log::warn!("redlease-pubsub: redis refused a command ({e})"),
                     }
+                    self.set_acked(seq);
+                }
+                (Reply::Refused(e), Some(Sent::Unsubscribe { seq, .. })) => {
+                    log::warn!("redlease-pubsub: redis refused UNSUBSCRIBE ({e})");
                     self.set_acked(seq);
                 }
                 (Reply::Pong, Some(Sent::Ping)) => {}

@@ -12,6 +12,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::cluster::{slot, Cluster};
 use crate::connection::{Counters, Redis, Synced};
 use crate::error::Result;
 use crate::pubsub::PubSub;
@@ -20,6 +21,8 @@ use crate::transport::Connection;
 /// One Redis server the client talks to: its connection pool and its
 /// subscriber.
 pub(crate) struct Node {
+    /// Its address, for logs.
+    pub(crate) name: String,
     pub(crate) redis: Arc<Redis>,
     pub(crate) pubsub: PubSub,
 }
@@ -29,6 +32,8 @@ enum Topology {
     /// One server, or the master of a Sentinel group (the target moves,
     /// the node stays).
     Single(Arc<Node>),
+    /// The masters of a Redis Cluster, by slot.
+    Cluster(Box<Cluster>),
 }
 
 /// Keys grouped for one node: `chunks` holds indices into the caller's
@@ -56,6 +61,49 @@ impl Router {
         }
     }
 
+    pub(crate) fn cluster(
+        cluster: Cluster,
+        retry_attempts: u32,
+        counters: Arc<Counters>,
+    ) -> Router {
+        Router {
+            topology: Topology::Cluster(Box::new(cluster)),
+            next_request: AtomicU64::new(1),
+            retry_attempts,
+            counters,
+        }
+    }
+
+    /// `true` on a Redis Cluster.
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.topology, Topology::Cluster(_))
+    }
+
+    /// The command lock scripts publish release messages with: `spublish`
+    /// on a cluster with sharded pub/sub, else `publish`.
+    pub(crate) fn publish_command(&self) -> &'static str {
+        match &self.topology {
+            Topology::Single(_) => "publish",
+            Topology::Cluster(c) => c.publish_command(),
+        }
+    }
+
+    /// A waiter's channel left its node (see `pubsub::Wake::Moved`): follow
+    /// it before subscribing again. `to` is the node Redis named, if any.
+    pub(crate) fn channel_moved(&self, channel: &str, to: Option<&str>) {
+        if let Topology::Cluster(c) = &self.topology {
+            c.channel_moved(channel, to);
+        }
+    }
+
+    /// A node failed a request the router did not route itself (a
+    /// watchdog batch): on a cluster, read the slot map again soon.
+    pub(crate) fn node_failed(&self) {
+        if let Topology::Cluster(c) = &self.topology {
+            c.refresh_soon();
+        }
+    }
+
     /// A number unique to this client, for request ids (latch and marker
     /// names, generations).
     pub(crate) fn next_request(&self) -> u64 {
@@ -73,9 +121,10 @@ impl Router {
     }
 
     /// The node that serves `key` now.
-    pub(crate) fn node(&self, _key: &str) -> Result<Arc<Node>> {
+    pub(crate) fn node(&self, key: &str) -> Result<Arc<Node>> {
         match &self.topology {
             Topology::Single(node) => Ok(Arc::clone(node)),
+            Topology::Cluster(c) => c.owner(slot(key.as_bytes())),
         }
     }
 
@@ -83,6 +132,7 @@ impl Router {
     pub(crate) fn nodes(&self) -> Vec<Arc<Node>> {
         match &self.topology {
             Topology::Single(node) => vec![Arc::clone(node)],
+            Topology::Cluster(c) => c.all_nodes(),
         }
     }
 
@@ -90,9 +140,14 @@ impl Router {
     pub(crate) fn run<T>(
         &self,
         key: &str,
-        op: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
+        mut op: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
     ) -> Result<T> {
-        self.node(key)?.redis.run(op)
+        match &self.topology {
+            Topology::Single(node) => node.redis.run(op),
+            Topology::Cluster(c) => c.route(key, |node, asking| {
+                node.redis.run(|conn| asking_for(conn, asking, &mut op))
+            }),
+        }
     }
 
     /// Runs a write that decides lock state on the node of `key`, with
@@ -100,9 +155,15 @@ impl Router {
     pub(crate) fn run_synced<T>(
         &self,
         key: &str,
-        op: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
+        mut op: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
     ) -> Result<(T, Synced)> {
-        self.node(key)?.redis.run_synced(op)
+        match &self.topology {
+            Topology::Single(node) => node.redis.run_synced(op),
+            Topology::Cluster(c) => c.route(key, |node, asking| {
+                node.redis
+                    .run_synced(|conn| asking_for(conn, asking, &mut op))
+            }),
+        }
     }
 
     /// Groups `keys` (the i-th item's key) per node, in chunks of at most
@@ -123,6 +184,7 @@ impl Router {
                     .collect(),
             }],
             Topology::Single(_) => Vec::new(),
+            Topology::Cluster(c) => group_by_slot(c, keys, chunk),
         }
     }
 
@@ -131,6 +193,7 @@ impl Router {
     pub(crate) fn can_move(&self) -> bool {
         match &self.topology {
             Topology::Single(node) => node.redis.target().can_move(),
+            Topology::Cluster(_) => true,
         }
     }
 
@@ -139,6 +202,80 @@ impl Router {
     pub(crate) fn check(&self) -> Result<()> {
         match &self.topology {
             Topology::Single(node) => node.redis.check(),
+            Topology::Cluster(c) => {
+                c.refresh()?;
+                for node in c.masters() {
+                    node.redis.check()?;
+                }
+                Ok(())
+            }
         }
     }
+}
+
+/// Runs `op` with `ASKING` before it when `asking` (an `ASK` redirection).
+fn asking_for<T>(
+    conn: &mut Connection,
+    asking: bool,
+    op: &mut impl FnMut(&mut Connection) -> redis::RedisResult<T>,
+) -> redis::RedisResult<T> {
+    if !asking {
+        return op(conn);
+    }
+    conn.set_asking(true);
+    let r = op(conn);
+    conn.set_asking(false);
+    r
+}
+
+/// [`Router::group`] on a cluster: per master, then per slot. Keys whose
+/// slot no master serves now are left out (the caller counts them as
+/// failed), and the slot map is read again.
+fn group_by_slot<'a>(
+    cluster: &Cluster,
+    keys: impl ExactSizeIterator<Item = &'a str>,
+    chunk: usize,
+) -> Vec<Group> {
+    let slots: Vec<u16> = keys.map(|k| slot(k.as_bytes())).collect();
+    let owners = match cluster.owners_of(&slots) {
+        Ok(o) => o,
+        Err(e) => {
+            log::warn!("redlease: cannot route a batch: {e}");
+            return Vec::new();
+        }
+    };
+    type BySlot = std::collections::BTreeMap<u16, Vec<usize>>;
+    let mut groups: Vec<(Arc<Node>, BySlot)> = Vec::new();
+    let mut unserved = false;
+    for (i, (s, owner)) in slots.iter().zip(owners).enumerate() {
+        let Some(node) = owner else {
+            unserved = true;
+            continue;
+        };
+        let pos = match groups.iter().position(|(n, _)| Arc::ptr_eq(n, &node)) {
+            Some(p) => p,
+            None => {
+                groups.push((node, std::collections::BTreeMap::new()));
+                groups.len() - 1
+            }
+        };
+        groups[pos].1.entry(*s).or_default().push(i);
+    }
+    if unserved {
+        cluster.refresh_soon();
+    }
+    groups
+        .into_iter()
+        .map(|(node, by_slot)| Group {
+            node,
+            chunks: by_slot
+                .into_values()
+                .flat_map(|keys| {
+                    keys.chunks(chunk.max(1))
+                        .map(<[usize]>::to_vec)
+                        .collect::<Vec<_>>()
+                })
+                .collect(),
+        })
+        .collect()
 }

@@ -125,6 +125,7 @@ pub(crate) fn release(
     lease_ms: u64,
     latch_ms: u64,
     gen: u64,
+    publish: &str,
 ) -> RedisResult<Option<i64>> {
     RELEASE.run(conn, 3 + unsettled.len(), |cmd| {
         cmd.arg(lock.name).arg(lock.channel).arg(latch);
@@ -135,7 +136,8 @@ pub(crate) fn release(
             .arg(left)
             .arg(lease_ms)
             .arg(latch_ms)
-            .arg(gen);
+            .arg(gen)
+            .arg(publish);
         if !unsettled.is_empty() {
             cmd.arg(LATE_REQUEST_WINDOW_MS);
         }
@@ -143,6 +145,7 @@ pub(crate) fn release(
 }
 
 /// cancel_acquire.lua: 1 if an acquisition was undone.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn cancel_acquire(
     conn: &mut crate::transport::Connection,
     lock: LockRef<'_>,
@@ -150,6 +153,7 @@ pub(crate) fn cancel_acquire(
     held: u32,
     lease_ms: u64,
     gen: u64,
+    publish: &str,
 ) -> RedisResult<i64> {
     CANCEL_ACQUIRE.run(conn, 3, |cmd| {
         cmd.arg(lock.name)
@@ -159,7 +163,8 @@ pub(crate) fn cancel_acquire(
             .arg(held)
             .arg(lease_ms)
             .arg(LATE_REQUEST_WINDOW_MS)
-            .arg(gen);
+            .arg(gen)
+            .arg(publish);
     })
 }
 
@@ -171,9 +176,14 @@ pub(crate) fn force_unlock(
     channel: &str,
     latch: &str,
     latch_ms: u64,
+    publish: &str,
 ) -> RedisResult<i64> {
     FORCE_UNLOCK.run(conn, 3, |cmd| {
-        cmd.arg(name).arg(channel).arg(latch).arg(latch_ms);
+        cmd.arg(name)
+            .arg(channel)
+            .arg(latch)
+            .arg(latch_ms)
+            .arg(publish);
     })
 }
 
@@ -206,6 +216,16 @@ fn request_key(prefix: &str, name: &str, field: &str, n: u64) -> String {
     s.push_str(field);
     let _ = write!(s, ":{n}");
     s
+}
+
+/// `true` when the keys and channel of lock `name` share its slot (on a
+/// Redis Cluster): a name without `{`, whose names get the tag `{name}`, or
+/// one with a complete, non-empty hash tag of its own.
+pub(crate) fn same_slot(name: &str) -> bool {
+    let channel = channel_name(name);
+    crate::cluster::slot(name.as_bytes()) == crate::cluster::slot(channel.as_bytes())
+        && crate::cluster::slot(unlock_latch_name(name, "x", 0).as_bytes())
+            == crate::cluster::slot(name.as_bytes())
 }
 
 /// The channel a full release publishes on (Redisson's).

@@ -58,6 +58,14 @@ impl Target {
         }
     }
 
+    /// Where it is, for messages.
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Target::Fixed(e) => format!("redis at {}", e.addr),
+            Target::Sentinel(s) => format!("the master of {:?}", s.name),
+        }
+    }
+
     /// `true` when the target can move (Sentinel): callers that wait
     /// (`lock()`) ride out a failover instead of failing.
     pub(crate) fn can_move(&self) -> bool {

@@ -375,6 +375,9 @@ impl Read for &Stream {
     }
 }
 
+/// `ASKING`, packed.
+const ASKING: &[u8] = b"*1\r\n$6\r\nASKING\r\n";
+
 /// A pooled connection: a [`Stream`] and its reply parser.
 pub(crate) struct Connection {
     stream: Stream,
@@ -387,6 +390,9 @@ pub(crate) struct Connection {
     /// in the same write, and its reply.
     wait: Option<Vec<u8>>,
     waited: Option<Waited>,
+    /// `ASKING` goes before every request while set (a Cluster `ASK`
+    /// redirection), in the same write; its reply is read and dropped.
+    asking: bool,
 }
 
 /// The reply to a `WAIT` sent behind a request.
@@ -417,7 +423,14 @@ impl Connection {
             open: true,
             wait: None,
             waited: None,
+            asking: false,
         })
+    }
+
+    /// Sends `ASKING` before each request from now on (following a Cluster
+    /// `ASK` redirection), or stops doing so.
+    pub(crate) fn set_asking(&mut self, asking: bool) {
+        self.asking = asking;
     }
 
     /// Sends `WAIT replicas timeout` behind each request from now on (in
@@ -447,19 +460,34 @@ impl Connection {
             )));
         }
         self.waited = None;
-        let written = match &self.wait {
-            Some(wait) => {
-                let mut buf = Vec::with_capacity(cmd.len() + wait.len());
-                buf.extend_from_slice(cmd);
-                buf.extend_from_slice(wait);
-                self.stream.write_all(&buf)
+        let written = if self.wait.is_none() && !self.asking {
+            self.stream.write_all(cmd)
+        } else {
+            let wait = self.wait.as_deref().unwrap_or_default();
+            let mut buf = Vec::with_capacity(ASKING.len() + cmd.len() + wait.len());
+            if self.asking {
+                buf.extend_from_slice(ASKING);
             }
-            None => self.stream.write_all(cmd),
+            buf.extend_from_slice(cmd);
+            buf.extend_from_slice(wait);
+            self.stream.write_all(&buf)
         };
         written.map_err(|e| {
             self.open = false;
             RedisError::from(e)
         })
+    }
+
+    /// Reads (and drops) the reply of the `ASKING` sent before a request.
+    fn receive_asking(&mut self) -> RedisResult<()> {
+        if self.asking {
+            if let Value::ServerError(e) = self.receive()? {
+                // The request behind it is refused too (as without ASKING):
+                // its own reply says why.
+                log::debug!("redlease: redis refused ASKING: {}", RedisError::from(e));
+            }
+        }
+        Ok(())
     }
 
     /// Reads the reply of the `WAIT` sent behind a request.
@@ -496,6 +524,7 @@ impl Connection {
     /// values (one failed command does not hide the others' replies), then
     /// the `WAIT`'s.
     pub(crate) fn receive_all(&mut self, count: usize) -> RedisResult<Vec<Value>> {
+        self.receive_asking()?;
         let mut replies = Vec::with_capacity(count);
         for _ in 0..count {
             replies.push(self.receive()?);
@@ -508,6 +537,7 @@ impl Connection {
 impl ConnectionLike for Connection {
     fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
         self.send(cmd)?;
+        self.receive_asking()?;
         let reply = self.receive()?;
         self.receive_wait()?;
         Ok(reply)
@@ -520,6 +550,7 @@ impl ConnectionLike for Connection {
         count: usize,
     ) -> RedisResult<Vec<Value>> {
         self.send(cmd)?;
+        self.receive_asking()?;
         let mut replies = Vec::with_capacity(count);
         let mut first_error = None;
         for i in 0..offset + count {

@@ -38,7 +38,7 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::connection::{fan_out, Job, Synced};
 use crate::guard::{far_future, Hold, Lost, RenewToken, Sched, Unsettled};
-use crate::router::Router;
+use crate::router::{Group, Router};
 use crate::scripts;
 
 /// Locks per renewal script call; a pipeline carries as many calls as needed.
@@ -77,6 +77,8 @@ struct State {
 
 #[derive(Default)]
 pub(crate) struct Counters {
+    /// Wake-ups that renewed leases.
+    pub(crate) batches: AtomicU64,
     pub(crate) round_trips: AtomicU64,
     pub(crate) renewals: AtomicU64,
     pub(crate) lost: AtomicU64,
@@ -341,13 +343,15 @@ impl Inner {
     /// [`MAX_SETTLE_DELAY`]) until it has run once; from then on the request's
     /// key makes a late copy a no-op.
     ///
-    /// After a failure that other requests would meet too (no connection, a
-    /// busy or refusing server) the rest of the pass is deferred untried: one
-    /// stalled server must not hold the thread (and the renewals behind it)
-    /// for a response timeout per request.
+    /// After a failure that other requests to the same node would meet too
+    /// (no connection, a busy or refusing server) the rest of the pass on
+    /// that node is deferred untried: one stalled server must not hold the
+    /// thread (and the renewals behind it) for a response timeout per
+    /// request.
     fn settle(&self, requests: Vec<(u32, Arc<Unsettled>)>) {
         let mut again = Vec::new();
-        let mut failed = false;
+        // Nodes a settle failed on in this pass (by name).
+        let mut failed: Vec<String> = Vec::new();
         for (tries, u) in requests {
             if u.is_done() {
                 continue;
@@ -368,17 +372,19 @@ impl Inner {
                     .min(MAX_SETTLE_DELAY),
                 0.25,
             );
-            if failed {
+            let node = self.router.node(&u.name).map(|n| n.name.clone()).ok();
+            if node.as_ref().is_some_and(|n| failed.contains(n)) {
                 again.push((Instant::now() + backoff, tries, u));
                 continue;
             }
             let hold = u.active_hold();
             let epoch = hold.as_ref().map(|h| h.epoch());
             let n = self.router.next_request();
+            let publish = self.router.publish_command();
             let sent = Instant::now();
             let result = self.router.run_synced(&u.name, |conn| match u.kind {
                 Lost::Acquire { held, lease_ms } => {
-                    scripts::cancel_acquire(conn, u.lock_ref(), &u.key, held, lease_ms, n)
+                    scripts::cancel_acquire(conn, u.lock_ref(), &u.key, held, lease_ms, n, publish)
                 }
                 // A release runs with the window as its latch TTL: a copy of
                 // it may still arrive.
@@ -391,6 +397,7 @@ impl Inner {
                     lease_ms,
                     scripts::LATE_REQUEST_WINDOW_MS,
                     n,
+                    publish,
                 )
                 .map(|r| r.unwrap_or(0)),
             });
@@ -432,7 +439,7 @@ impl Inner {
                             u.name
                         );
                     }
-                    failed = true;
+                    failed.extend(node);
                     again.push((Instant::now() + backoff, tries.saturating_add(1), u));
                 }
             }
@@ -544,6 +551,7 @@ impl Inner {
     /// more on its own through the router, which follows the redirection.
     /// `None` for a lock whose renewal failed.
     fn renew_all(&self, batch: &[Renewal]) -> Vec<Option<Outcome>> {
+        self.counters.batches.fetch_add(1, Ordering::Relaxed);
         let mut outcomes: Vec<Option<Outcome>> = batch.iter().map(|_| None).collect();
         let gens: Vec<String> = batch
             .iter()
@@ -587,13 +595,19 @@ impl Inner {
                     continue;
                 }
                 Err(e) => {
+                    if e.is_connection_error() {
+                        self.router.node_failed();
+                    }
                     log::warn!(
-                        "redlease-watchdog: renewing {} leases failed: {e}; retrying",
-                        group.chunks.iter().map(Vec::len).sum::<usize>()
+                        "redlease-watchdog: renewing {} leases on {} failed: {e}; retrying",
+                        group.chunks.iter().map(Vec::len).sum::<usize>(),
+                        group.node.name
                     );
                     continue;
                 }
             };
+            let mut replies = replies;
+            self.load_and_renew(group, batch, &gens, &mut replies);
             for (chunk, reply) in group.chunks.iter().zip(replies) {
                 let reply = match reply {
                     redis::Value::ServerError(e) if is_passing(e.code()) => {
@@ -623,6 +637,50 @@ impl Inner {
             }
         }
         outcomes
+    }
+
+    /// The chunks of `group` that found the renewal script missing from the
+    /// node's cache (a restart, a new node) run again in one pipeline whose
+    /// first call carries the script's source; their replies replace the
+    /// NOSCRIPT errors.
+    fn load_and_renew(
+        &self,
+        group: &Group,
+        batch: &[Renewal],
+        gens: &[String],
+        replies: &mut [redis::Value],
+    ) {
+        let missing: Vec<usize> = replies
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| matches!(r, redis::Value::ServerError(e) if e.code() == "NOSCRIPT"))
+            .map(|(i, _)| i)
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        let mut pipe = redis::pipe();
+        for (k, &i) in missing.iter().enumerate() {
+            pipe.add_command(renew_command(batch, gens, &group.chunks[i], k == 0));
+        }
+        let packed = pipe.get_packed_pipeline();
+        self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
+        let result = group.node.redis.run_synced(|conn| {
+            conn.send_all(&packed)?;
+            conn.receive_all(missing.len())
+        });
+        match result {
+            Ok((values, Synced::Yes | Synced::NotNeeded)) if values.len() == missing.len() => {
+                for (i, v) in missing.into_iter().zip(values) {
+                    replies[i] = v;
+                }
+            }
+            Ok(_) => log::warn!("redlease-watchdog: renewals after loading the script failed"),
+            Err(e) => log::warn!(
+                "redlease-watchdog: renewals after loading the script on {} failed: {e}",
+                group.node.name
+            ),
+        }
     }
 
     /// One chunk of renewals run again on its own, through the router.

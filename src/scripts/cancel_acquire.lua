@@ -5,6 +5,7 @@
 -- ARGV[1] owner field ARGV[2] holds the owner had when it sent the request
 -- ARGV[3] lease in ms the remaining holds need (re-applied while holds remain)
 -- ARGV[4] marker TTL in ms   ARGV[5] generation (this request's id)
+-- ARGV[6] the publish command ('publish' or 'spublish', see release.lua)
 -- If the marker exists, a later operation of the same owner already set it
 -- (and wrote the count absolutely), so there is nothing to undo. Otherwise no
 -- operation of that owner ran since the request, and the count is either the
@@ -24,7 +25,7 @@ if want > 0 then
     redis.call('hset', KEYS[1], ARGV[1], want, ARGV[1] .. ':gen', ARGV[5])
     redis.call('pexpire', KEYS[1], ARGV[3])
 else
-    redis.call('publish', KEYS[2], 0)
+    redis.call(ARGV[6], KEYS[2], 0)
     redis.call('del', KEYS[1])
 end
 return 1

@@ -11,6 +11,7 @@ use redlease_testkit as support;
 mod faults_common;
 
 mod acl;
+mod cluster;
 mod faults_correctness;
 mod faults_cut;
 mod faults_pubsub;

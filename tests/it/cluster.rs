@@ -1,0 +1,501 @@
+//! Redis Cluster: locks on every master through one client, the watchdog's
+//! per-node batches, sharded pub/sub, a master killed while locks are held
+//! on every master, a held lock's slot migrated while a waiter waits, and
+//! the Redisson layout on a cluster.
+//!
+//! The tests that leave the cluster as they found it share one 3+3 cluster
+//! (started once for this binary); the ones that kill a master or move a
+//! slot start their own.
+
+use std::sync::mpsc;
+use std::sync::OnceLock;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::support::{wait_until, Cluster, RedisServer};
+use redlease::Client;
+
+const WAIT: Duration = Duration::from_secs(20);
+/// A wake-up by pub/sub comes well within this; the holders' leases here
+/// are 30 s, so only a release message explains a hand-off inside it.
+const HANDOFF_BOUND: Duration = Duration::from_secs(5);
+
+/// The cluster the non-destructive tests share.
+fn shared() -> &'static Cluster {
+    static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| Cluster::start(3, 1))
+}
+
+fn client(cluster: &Cluster) -> Client {
+    Client::cluster_builder(cluster.seeds())
+        .build()
+        .expect("client connects to the test cluster")
+}
+
+/// Redisson's channel of lock `name`.
+fn channel(name: &str) -> String {
+    if name.contains('{') {
+        format!("redisson_lock__channel:{name}")
+    } else {
+        format!("redisson_lock__channel:{{{name}}}")
+    }
+}
+
+/// Sharded subscribers of `channel` on `node` (`PUBSUB SHARDNUMSUB`).
+fn shard_subscribers(node: &RedisServer, channel: &str) -> u64 {
+    let out = node.cmd(&["PUBSUB", "SHARDNUMSUB", channel]);
+    out.lines()
+        .nth(1)
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn locks_on_every_master_exclude_reenter_and_wake() {
+    let cluster = shared();
+    let names = cluster.names_on_each_master("every-master", 2);
+    assert_eq!(names.len(), 3, "one group of names per master");
+    let c1 = client(cluster);
+    let c2 = client(cluster);
+    for name in names.iter().flatten() {
+        let master = cluster.master_of_slot(cluster.slot_of(name));
+        let g = c1.lock(name).lock().expect("lock");
+        assert_eq!(
+            master.cmd(&["EXISTS", name]),
+            "1",
+            "{name}: the lock hash is on its slot's master"
+        );
+        assert!(
+            c2.lock(name).try_lock().expect("try_lock").is_none(),
+            "{name}: another client is excluded"
+        );
+        let again = c1.lock(name).lock().expect("re-entry");
+        assert_eq!(again.hold_count(), 2);
+        assert_eq!(c1.lock(name).hold_count().expect("hold_count"), 2);
+        drop(again);
+        assert!(c2.lock(name).try_lock().expect("try_lock").is_none());
+        drop(g);
+        let g2 = c2.lock(name).try_lock().expect("try_lock");
+        assert!(g2.is_some(), "{name}: free once released");
+    }
+    // A waiter per master, each woken by its own release (sharded pub/sub
+    // at its slot's master).
+    let holders: Vec<_> = names
+        .iter()
+        .map(|group| c1.lock(&group[0]).lock().expect("lock"))
+        .collect();
+    let (tx, rx) = mpsc::channel();
+    for group in &names {
+        let name = group[0].clone();
+        let c2 = c2.clone();
+        let tx = tx.clone();
+        thread::spawn(move || {
+            let got = c2
+                .lock(&name)
+                .try_lock_for(WAIT)
+                .expect("waiter")
+                .map(|g| (Instant::now(), g.hold_count()));
+            tx.send((name, got)).expect("report");
+        });
+    }
+    for group in &names {
+        let master = cluster.master_of_slot(cluster.slot_of(&group[0]));
+        wait_until(
+            &format!("a sharded subscriber of {} on its master", group[0]),
+            WAIT,
+            || shard_subscribers(master, &channel(&group[0])) == 1,
+        );
+    }
+    let released = Instant::now();
+    drop(holders);
+    for _ in 0..names.len() {
+        let (name, got) = rx.recv_timeout(WAIT).expect("a waiter reports");
+        let (at, count) = got.unwrap_or_else(|| panic!("{name}: the waiter acquired"));
+        assert_eq!(count, 1);
+        let took = at.duration_since(released);
+        println!("{name}: hand-off {took:?}");
+        assert!(
+            took < HANDOFF_BOUND,
+            "{name}: woken by the release ({took:?})"
+        );
+    }
+    let stats = c2.stats();
+    assert_eq!(stats.connection_failures, 0);
+}
+
+#[test]
+fn thousands_of_watched_locks_renewed_in_one_round_trip_per_master() {
+    const LOCKS: usize = 5000;
+    let lease = Duration::from_secs(2);
+    let cluster = shared();
+    let c = Client::cluster_builder(cluster.seeds())
+        .watchdog_timeout(lease)
+        .build()
+        .expect("client");
+    let crossslot_before = cluster.errorstat("CROSSSLOT");
+    let started = Instant::now();
+    let guards: Vec<_> = (0..LOCKS)
+        .map(|i| c.lock(format!("watched:{i}")).lock().expect("lock"))
+        .collect();
+    println!("{LOCKS} watched locks taken in {:?}", started.elapsed());
+    // One lease for the scripts to be loaded on every master, then three
+    // leases measured.
+    thread::sleep(lease);
+    let before = c.stats();
+    thread::sleep(lease * 3);
+    let after = c.stats();
+    for g in &guards {
+        g.ensure_held().expect("every lock still held");
+    }
+    let wakeups = after.renewal_batches - before.renewal_batches;
+    let trips = after.renewal_round_trips - before.renewal_round_trips;
+    let renewals = after.renewals - before.renewals;
+    println!(
+        "{wakeups} wake-ups, {trips} round trips ({:.2} per wake-up), {renewals} renewals",
+        trips as f64 / wakeups.max(1) as f64
+    );
+    assert_eq!(after.locks_lost, 0, "no lock lost");
+    assert!(wakeups > 0, "the watchdog renewed");
+    assert!(
+        trips <= 3 * wakeups,
+        "at most one round trip per master per wake-up: {trips} for {wakeups} wake-ups"
+    );
+    // Every lock renewed about every lease / 3.
+    assert!(
+        renewals >= LOCKS as u64 * 6,
+        "every lock was renewed several times ({renewals} renewals)"
+    );
+    assert_eq!(
+        cluster.errorstat("CROSSSLOT"),
+        crossslot_before,
+        "no CROSSSLOT error from a batch"
+    );
+    // Spot-check the leases on the servers.
+    for i in (0..LOCKS).step_by(499) {
+        let name = format!("watched:{i}");
+        let left = c.lock(&name).remaining_lease().expect("pttl");
+        assert!(
+            left.is_some_and(|l| l > lease / 3),
+            "{name}: lease kept up ({left:?})"
+        );
+    }
+    drop(guards);
+}
+
+#[test]
+fn a_killed_master_fails_over_and_its_locks_survive() {
+    // Without full coverage required, the other masters keep serving while
+    // one has failed (by default the whole cluster refuses with CLUSTERDOWN
+    // until the failover is done).
+    let cluster = Cluster::start_with_args(3, 1, &["--cluster-require-full-coverage", "no"]);
+    let names = cluster.names_on_each_master("failover", 10);
+    let holder = Client::cluster_builder(cluster.seeds())
+        .watchdog_timeout(Duration::from_secs(6))
+        .build()
+        .expect("client");
+    let other = client(&cluster);
+    let guards: Vec<_> = names
+        .iter()
+        .flatten()
+        .map(|n| holder.lock(n).lock().expect("lock"))
+        .collect();
+    let victim_name = names[0][0].clone();
+    let victim = cluster.master_of_slot(cluster.slot_of(&victim_name));
+    let victim_port = victim.port();
+    let fresh_on_victim = cluster
+        .names_on_each_master("after-kill", 40)
+        .into_iter()
+        .flatten()
+        .find(|n| cluster.master_of_slot(cluster.slot_of(n)).port() == victim_port)
+        .expect("a name on the victim's slots");
+    let watcher = cluster
+        .masters()
+        .into_iter()
+        .find(|m| m.port() != victim_port)
+        .expect("a surviving master");
+    cluster.kill_node(victim);
+    let killed = Instant::now();
+
+    // Once the cluster has declared the master failed, and before its
+    // replica took over, locks on the other masters work as before: one
+    // attempt each, no waiting.
+    wait_until("the cluster marks the killed master failed", WAIT, || {
+        watcher
+            .cmd(&["CLUSTER", "NODES"])
+            .lines()
+            .any(|l| l.contains(&format!(":{victim_port}@")) && l.contains(" master,fail "))
+    });
+    println!("master marked failed {:?} after the kill", killed.elapsed());
+    for group in &names[1..] {
+        // The tag keeps the slot (and the master) of group[0].
+        let name = format!("{{{}}}-fresh", group[0]);
+        let g = other
+            .lock(&name)
+            .try_lock()
+            .unwrap_or_else(|e| panic!("{name}: a lock on a surviving master: {e}"));
+        assert!(g.is_some(), "{name}: acquired at once");
+    }
+
+    // Operations on the dead master's slots resume after the failover.
+    let g = other
+        .lock(&fresh_on_victim)
+        .try_lock_for(WAIT)
+        .expect("a lock on the failed master's slots")
+        .expect("acquired");
+    let resumed = killed.elapsed();
+    println!("first lock on the failed master's slots {resumed:?} after the kill");
+    // cluster-node-timeout (1 s) + election + our refresh.
+    assert!(
+        resumed < Duration::from_secs(8),
+        "operations resume soon after the failover ({resumed:?})"
+    );
+    drop(g);
+    let promoted = cluster.wait_failover_of(victim_port);
+
+    // Two renewal intervals on the new master; then every lock is still held,
+    // by its owner only.
+    thread::sleep(Duration::from_secs(4));
+    for (g, name) in guards.iter().zip(names.iter().flatten()) {
+        g.ensure_held()
+            .unwrap_or_else(|e| panic!("{name} survived the failover: {e}"));
+        assert!(
+            other.lock(name).try_lock().expect("try_lock").is_none(),
+            "{name}: still held on the servers"
+        );
+    }
+    assert_eq!(
+        promoted.cmd(&["EXISTS", &victim_name]),
+        "1",
+        "the lock is on the promoted replica"
+    );
+    assert_eq!(holder.stats().locks_lost, 0);
+    drop(guards);
+    for name in names.iter().flatten() {
+        assert!(
+            other.lock(name).try_lock().expect("try_lock").is_some(),
+            "{name}: released after the failover"
+        );
+    }
+}
+
+#[test]
+fn a_held_lock_follows_its_slot_and_its_waiter_is_woken() {
+    let cluster = Cluster::start(3, 0);
+    let name = "migrating:1";
+    let slot = cluster.slot_of(name);
+    let from = cluster.master_of_slot(slot);
+    let to = cluster
+        .masters()
+        .into_iter()
+        .find(|m| m.port() != from.port())
+        .expect("another master");
+    let holder = client(&cluster);
+    let waiter = client(&cluster);
+    // A 30 s lease renewed every 300 ms: renewals cross the migration, and
+    // only a release message explains a fast hand-off.
+    let guard = holder
+        .lock(name)
+        .with_renew_interval(Duration::from_millis(300))
+        .lock()
+        .expect("lock");
+    let (tx, rx) = mpsc::channel();
+    let w = waiter.clone();
+    thread::spawn(move || {
+        let got = w
+            .lock(name)
+            .try_lock_for(Duration::from_secs(60))
+            .expect("waiter")
+            .map(|_| Instant::now());
+        tx.send(got).expect("report");
+    });
+    wait_until("the waiter subscribed at the source", WAIT, || {
+        shard_subscribers(from, &channel(name)) == 1
+    });
+
+    // The key moves; the slot is still the source's (ASK).
+    cluster.begin_migration(slot, to);
+    assert_eq!(cluster.migrate_keys(slot), 1, "the lock hash moved");
+    let renewed = holder.stats().renewals;
+    wait_until("a renewal during the migration", WAIT, || {
+        holder.stats().renewals >= renewed + 2
+    });
+    assert!(
+        cluster.errorstat("ASK") > 0,
+        "the renewal was redirected with ASK"
+    );
+    guard.ensure_held().expect("held while its key migrates");
+
+    // The slot moves: Redis drops the waiter's sharded subscription, and it
+    // subscribes again at the new master.
+    cluster.finish_migration(slot, to);
+    wait_until("the waiter subscribed at the destination", WAIT, || {
+        shard_subscribers(to, &channel(name)) == 1
+    });
+    let renewed = holder.stats().renewals;
+    wait_until("a renewal after the migration", WAIT, || {
+        holder.stats().renewals >= renewed + 2
+    });
+    guard.ensure_held().expect("held after its slot moved");
+    assert_eq!(holder.stats().locks_lost, 0);
+    assert_eq!(
+        to.cmd(&["EXISTS", name]),
+        "1",
+        "the lock is at the new master"
+    );
+
+    let released = Instant::now();
+    guard.unlock().expect("release after the migration");
+    let at = rx
+        .recv_timeout(WAIT)
+        .expect("the waiter reports")
+        .expect("the waiter acquired");
+    let took = at.duration_since(released);
+    println!("hand-off after the slot moved: {took:?}");
+    assert!(took < HANDOFF_BOUND, "woken by the release ({took:?})");
+}
+
+#[test]
+fn names_without_a_complete_hash_tag_are_refused_on_a_cluster() {
+    let c = client(shared());
+    for name in ["a{b", "x{}y", "{}", "a}b"] {
+        let e = c
+            .lock(name)
+            .try_lock()
+            .expect_err("a name whose keys would span slots");
+        assert!(e.to_string().contains("hash tag"), "{name}: {e}");
+    }
+    let g = c.lock("tagged{t}1").lock().expect("a complete tag works");
+    drop(g);
+}
+
+/// Redisson 3.x `tryLockInnerAsync` and `unlockInnerAsync` (see
+/// redisson_interop.rs), as a Redisson client on a 7.0 cluster runs them:
+/// releases published with `SPUBLISH`.
+const REDISSON_ACQUIRE: &str = "if ((redis.call('exists', KEYS[1]) == 0) or (redis.call('hexists', KEYS[1], ARGV[2]) == 1)) then redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; return redis.call('pttl', KEYS[1]);";
+const REDISSON_RELEASE: &str = "local val = redis.call('get', KEYS[3]); if val ~= false then return tonumber(val); end; if (redis.call('hexists', KEYS[1], ARGV[3]) == 0) then return nil; end; local counter = redis.call('hincrby', KEYS[1], ARGV[3], -1); if (counter > 0) then redis.call('pexpire', KEYS[1], ARGV[2]); redis.call('set', KEYS[3], 0, 'px', ARGV[5]); return 0; else redis.call('del', KEYS[1]); redis.call(ARGV[4], KEYS[2], ARGV[1]); redis.call('set', KEYS[3], 1, 'px', ARGV[5]); return 1; end; return nil;";
+const REDISSON_FIELD: &str = "e3b0c442-98fc-1c14-9afb-f4c8996fb924:1";
+
+#[test]
+fn redisson_on_a_cluster_excludes_and_wakes_through_sharded_channels() {
+    let cluster = shared();
+    let name = "interop:cluster";
+    let master = cluster.master_of_slot(cluster.slot_of(name));
+    let mut redisson = master.conn();
+    let c = client(cluster);
+
+    // Redisson holds; redlease waits on the sharded channel and is woken by
+    // Redisson's SPUBLISH.
+    let acquired: Option<i64> = redis::cmd("EVAL")
+        .arg(REDISSON_ACQUIRE)
+        .arg(1)
+        .arg(name)
+        .arg(30_000)
+        .arg(REDISSON_FIELD)
+        .query(&mut redisson)
+        .expect("Redisson acquires");
+    assert_eq!(acquired, None);
+    assert!(c.lock(name).try_lock().expect("try_lock").is_none());
+    let (tx, rx) = mpsc::channel();
+    let w = c.clone();
+    thread::spawn(move || {
+        let got = w.lock(name).try_lock_for(WAIT).expect("waiter").map(|g| {
+            let at = Instant::now();
+            g.unlock().expect("unlock");
+            at
+        });
+        tx.send(got).expect("report");
+    });
+    wait_until("redlease's sharded subscriber", WAIT, || {
+        shard_subscribers(master, &channel(name)) == 1
+    });
+    let released = Instant::now();
+    let r: Option<i64> = redis::cmd("EVAL")
+        .arg(REDISSON_RELEASE)
+        .arg(3)
+        .arg(name)
+        .arg(channel(name))
+        .arg(format!("redisson_unlock_latch:{{{name}}}:req-1"))
+        .arg(0)
+        .arg(30_000)
+        .arg(REDISSON_FIELD)
+        .arg("spublish")
+        .arg(5000)
+        .query(&mut redisson)
+        .expect("Redisson releases");
+    assert_eq!(r, Some(1));
+    let at = rx
+        .recv_timeout(WAIT)
+        .expect("report")
+        .expect("redlease acquired");
+    assert!(
+        at.duration_since(released) < HANDOFF_BOUND,
+        "woken by Redisson's SPUBLISH"
+    );
+
+    // redlease holds; Redisson is excluded, and a sharded subscriber (what
+    // Redisson's waiter does) gets redlease's release message.
+    let g = c.lock(name).lock().expect("lock");
+    let busy: Option<i64> = redis::cmd("EVAL")
+        .arg(REDISSON_ACQUIRE)
+        .arg(1)
+        .arg(name)
+        .arg(30_000)
+        .arg(REDISSON_FIELD)
+        .query(&mut redisson)
+        .expect("Redisson tries");
+    assert!(busy.is_some_and(|ttl| ttl > 0), "Redisson sees it held");
+    let mut sub = master.conn();
+    let ch = channel(name);
+    redis::cmd("SSUBSCRIBE")
+        .arg(&ch)
+        .exec(&mut sub)
+        .expect("SSUBSCRIBE");
+    sub.set_read_timeout(Some(WAIT)).expect("read timeout");
+    drop(g);
+    let msg: Vec<redis::Value> = sub.recv_response().map_or_else(
+        |e| panic!("no message on {ch}: {e}"),
+        |v| redis::from_redis_value(v).expect("a push"),
+    );
+    let text: Vec<String> = msg
+        .iter()
+        .map(|v| match v {
+            redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(text, ["smessage", ch.as_str(), "0"], "Redisson's message");
+}
+
+#[test]
+fn classic_pubsub_on_a_cluster_for_redisson_in_classic_mode() {
+    let cluster = shared();
+    let name = "classic:1";
+    let c = Client::cluster_builder(cluster.seeds())
+        .classic_pubsub(true)
+        .build()
+        .expect("client");
+    let holder = Client::cluster_builder(cluster.seeds())
+        .classic_pubsub(true)
+        .build()
+        .expect("client");
+    let g = holder.lock(name).lock().expect("lock");
+    let (tx, rx) = mpsc::channel();
+    let w = c.clone();
+    thread::spawn(move || {
+        let got = w
+            .lock(name)
+            .try_lock_for(WAIT)
+            .expect("waiter")
+            .map(|_| Instant::now());
+        tx.send(got).expect("report");
+    });
+    let master = cluster.master_of_slot(cluster.slot_of(name));
+    wait_until("a classic subscriber of the channel", WAIT, || {
+        master.subscribers(&channel(name)) == 1
+    });
+    assert_eq!(shard_subscribers(master, &channel(name)), 0);
+    let released = Instant::now();
+    drop(g);
+    let at = rx.recv_timeout(WAIT).expect("report").expect("acquired");
+    assert!(at.duration_since(released) < HANDOFF_BOUND);
+}
