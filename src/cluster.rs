@@ -341,8 +341,14 @@ impl Cluster {
                     match self.install(slots, &host) {
                         Ok(()) => {
                             if detect {
-                                let sharded =
-                                    !matches!(replies.next(), Some(Value::ServerError(_)) | None);
+                                // Redis 6 does not know the subcommand; a user
+                                // not allowed it (NOPERM) is on a server that
+                                // does.
+                                let sharded = match replies.next() {
+                                    Some(Value::ServerError(e)) => e.code() == "NOPERM",
+                                    Some(_) => true,
+                                    None => false,
+                                };
                                 self.sharded.store(sharded, Ordering::Release);
                                 log::info!(
                                     "redlease: cluster pub/sub is {}",

@@ -14,13 +14,13 @@ use crate::support::{wait_until, RedisServer};
 
 /// The README's minimal rule for a lock user whose locks are named
 /// `orders:*` (keep in sync with the README).
-const LOCKER_RULE: &str = "on >lockpw resetkeys ~orders:* ~redisson_lock__channel:* \
+pub(crate) const LOCKER_RULE: &str = "on >lockpw resetkeys ~orders:* ~redisson_lock__channel:* \
     ~redisson_unlock_latch:* ~redlease_acquire_cancel:* ~redlease_force_unlock_latch:* \
     resetchannels &redisson_lock__channel:* -@all +eval +evalsha +exists +get +set +del \
     +hset +hget +hmget +hexists +hdel +pexpire +pttl +publish +subscribe +unsubscribe +ping \
     +role +wait";
 
-fn acl(srv: &RedisServer, user: &str, rule: &str) {
+pub(crate) fn acl(srv: &RedisServer, user: &str, rule: &str) {
     let mut args = vec!["ACL", "SETUSER", user];
     args.extend(rule.split_whitespace());
     let out = srv.cmd(&args);

@@ -499,3 +499,57 @@ fn classic_pubsub_on_a_cluster_for_redisson_in_classic_mode() {
     let at = rx.recv_timeout(WAIT).expect("report").expect("acquired");
     assert!(at.duration_since(released) < HANDOFF_BOUND);
 }
+
+/// The README's minimal ACL rule plus what a cluster needs (the slot map,
+/// ASK redirections, sharded pub/sub), set on every node: locks, re-entry,
+/// the watchdog and a waiter woken through a sharded channel.
+#[test]
+fn readme_acl_rule_on_a_cluster() {
+    let cluster = shared();
+    let rule = format!(
+        "{} +cluster|slots +asking +spublish +ssubscribe +sunsubscribe",
+        crate::acl::LOCKER_RULE
+    );
+    for node in cluster.nodes() {
+        crate::acl::acl(node, "locker", &rule);
+    }
+    let seeds: Vec<String> = cluster
+        .nodes()
+        .iter()
+        .map(|n| format!("redis://locker:lockpw@127.0.0.1:{}/", n.port()))
+        .collect();
+    let client = || {
+        Client::cluster_builder(seeds.clone())
+            .watchdog_timeout(Duration::from_millis(900))
+            .build()
+            .expect("the minimal user reads the slot map")
+    };
+    let (a, b) = (client(), client());
+    let names = cluster.names_on_each_master("orders:acl", 1);
+    for name in names.iter().flatten() {
+        let g = a.lock(name).lock().expect("lock as the minimal user");
+        let again = a.lock(name).lock().expect("re-entry");
+        drop(again);
+        let started = Instant::now();
+        let (tx, rx) = mpsc::channel();
+        let b = b.clone();
+        let n = name.clone();
+        thread::spawn(move || {
+            tx.send(b.lock(&n).try_lock_for(WAIT).map(|g| g.is_some()))
+                .expect("report");
+        });
+        let master = cluster.master_of_slot(cluster.slot_of(name));
+        wait_until("the waiter's sharded subscription", WAIT, || {
+            shard_subscribers(master, &channel(name)) == 1
+        });
+        // Past one lease: the watchdog renewed as the minimal user.
+        while started.elapsed() < Duration::from_millis(1200) {
+            thread::sleep(Duration::from_millis(100));
+            g.ensure_held().expect("renewed as the minimal user");
+        }
+        g.unlock().expect("release as the minimal user");
+        let got = rx.recv_timeout(WAIT).expect("the waiter reports");
+        assert!(got.expect("no error as the minimal user"), "{name}: woken");
+    }
+    assert_eq!(a.stats().locks_lost, 0);
+}
