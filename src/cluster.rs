@@ -21,10 +21,10 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 use redis::{RedisError, Value};
 
 use crate::connection::{
@@ -92,27 +92,37 @@ pub(crate) struct Cluster {
     owners: RwLock<Vec<Option<Arc<Node>>>>,
     /// Every node made so far, by address.
     nodes: Mutex<HashMap<String, Arc<Node>>>,
-    /// Set while one caller reads the slot map.
-    refreshing: AtomicBool,
-    refreshed_at: Mutex<Option<Instant>>,
+    /// Whether a read of the slot map is under way, and when the last one
+    /// ended; callers that need the first map wait on `refreshed`.
+    refresh: Mutex<RefreshState>,
+    refreshed: Condvar,
+    /// This cluster, for the background reads.
+    me: Weak<Cluster>,
     /// A connection to the node that answered the last read, kept for the
     /// next one (taken out while in use: no lock is held across I/O).
     kept: Mutex<Option<(Addr, Connection)>>,
 }
 
+#[derive(Default)]
+struct RefreshState {
+    running: bool,
+    ended_at: Option<Instant>,
+}
+
 impl Cluster {
-    pub(crate) fn new(seeds: Vec<Addr>, settings: NodeSettings, mode: PubSubMode) -> Cluster {
-        Cluster {
+    pub(crate) fn new(seeds: Vec<Addr>, settings: NodeSettings, mode: PubSubMode) -> Arc<Cluster> {
+        Arc::new_cyclic(|me| Cluster {
             seeds,
             settings,
             mode,
             sharded: Arc::new(AtomicBool::new(false)),
             owners: RwLock::new(Vec::new()),
             nodes: Mutex::new(HashMap::new()),
-            refreshing: AtomicBool::new(false),
-            refreshed_at: Mutex::new(None),
+            refresh: Mutex::new(RefreshState::default()),
+            refreshed: Condvar::new(),
+            me: me.clone(),
             kept: Mutex::new(None),
-        }
+        })
     }
 
     /// The command scripts publish release messages with.
@@ -249,37 +259,79 @@ impl Cluster {
         }
     }
 
-    /// Reads the slot map again, unless another caller is doing so or did
-    /// less than [`MIN_REFRESH_GAP`] ago.
+    /// Has the slot map read again in the background (a thread of its own,
+    /// so that a silent node costs no caller, nor the watchdog, its
+    /// response timeout), unless a read is under way or ended less than
+    /// [`MIN_REFRESH_GAP`] ago. Callers go on with the map they have; `MOVED`
+    /// replies name the new owner meanwhile.
     pub(crate) fn refresh_soon(&self) {
-        let recent = self
-            .refreshed_at
-            .lock()
-            .is_some_and(|t| t.elapsed() < MIN_REFRESH_GAP);
-        if recent || self.refreshing.load(Ordering::Acquire) {
-            return;
+        {
+            let mut st = self.refresh.lock();
+            if st.running || st.ended_at.is_some_and(|t| t.elapsed() < MIN_REFRESH_GAP) {
+                return;
+            }
+            st.running = true;
         }
-        if let Err(e) = self.refresh() {
-            log::warn!("redlease: cannot read the cluster's slot map: {e}");
+        let me = self.me.clone();
+        let spawned = std::thread::Builder::new()
+            .name("redlease-slots".into())
+            .spawn(move || {
+                if let Some(c) = me.upgrade() {
+                    if let Err(e) = c.read_map() {
+                        log::warn!("redlease: cannot read the cluster's slot map: {e}");
+                    }
+                    c.refresh_ended();
+                }
+            });
+        if let Err(e) = spawned {
+            log::warn!("redlease: cannot start a thread to read the slot map ({e})");
+            self.refresh_ended();
         }
     }
 
-    /// Reads the slot map (`CLUSTER SLOTS`) from the first node that
+    fn refresh_ended(&self) {
+        let mut st = self.refresh.lock();
+        st.running = false;
+        st.ended_at = Some(Instant::now());
+        self.refreshed.notify_all();
+    }
+
+    /// Reads the slot map (`CLUSTER SLOTS`) now, from the first node that
     /// answers: the one that answered last, then the masters, then the
-    /// seeds. With the first map, decides whether pub/sub is sharded.
+    /// seeds; with the first map, decides whether pub/sub is sharded. If a
+    /// read is under way, waits for it instead (at most one connection and
+    /// one response timeout per seed).
     pub(crate) fn refresh(&self) -> Result<()> {
-        if self
-            .refreshing
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
         {
-            // Another caller reads it now; use what it finds, or the map
-            // there is.
-            return Ok(());
+            let mut st = self.refresh.lock();
+            if st.running {
+                let per_node = self
+                    .settings
+                    .pool
+                    .connection_timeout
+                    .saturating_add(self.settings.response_timeout);
+                let n = u32::try_from(self.seeds.len() + 3).unwrap_or(u32::MAX);
+                let deadline = Instant::now() + per_node.saturating_mul(n);
+                while st.running {
+                    if self.refreshed.wait_until(&mut st, deadline).timed_out() {
+                        break;
+                    }
+                }
+                drop(st);
+                return if self.owners.read().is_empty() {
+                    Err(Error::Redis(RedisError::from((
+                        redis::ErrorKind::Io,
+                        "the cluster's slot map could not be read",
+                        "see the warnings logged; check the seed addresses".to_owned(),
+                    ))))
+                } else {
+                    Ok(())
+                };
+            }
+            st.running = true;
         }
         let result = self.read_map();
-        *self.refreshed_at.lock() = Some(Instant::now());
-        self.refreshing.store(false, Ordering::Release);
+        self.refresh_ended();
         result
     }
 
@@ -295,6 +347,8 @@ impl Cluster {
             let start = usize::try_from(spread).unwrap_or(0) % masters.len();
             masters.rotate_left(start);
         }
+        // Masters whose last request or connection failed go last.
+        masters.sort_by_key(|m| m.redis.unreachable());
         for m in masters {
             if let Ok(e) = m.redis.target().endpoint() {
                 candidates.push(e.addr);
@@ -338,27 +392,15 @@ impl Cluster {
                         #[cfg(unix)]
                         Addr::Unix(_) => String::new(),
                     };
-                    match self.install(slots, &host) {
+                    // Redis 6 does not know the subcommand; a user not
+                    // allowed it (NOPERM) is on a server that does.
+                    let sharded = detect.then(|| match replies.next() {
+                        Some(Value::ServerError(e)) => e.code() == "NOPERM",
+                        Some(_) => true,
+                        None => false,
+                    });
+                    match self.install(slots, &host, sharded) {
                         Ok(()) => {
-                            if detect {
-                                // Redis 6 does not know the subcommand; a user
-                                // not allowed it (NOPERM) is on a server that
-                                // does.
-                                let sharded = match replies.next() {
-                                    Some(Value::ServerError(e)) => e.code() == "NOPERM",
-                                    Some(_) => true,
-                                    None => false,
-                                };
-                                self.sharded.store(sharded, Ordering::Release);
-                                log::info!(
-                                    "redlease: cluster pub/sub is {}",
-                                    if sharded {
-                                        "sharded (SSUBSCRIBE/SPUBLISH)"
-                                    } else {
-                                        "classic (Redis before 7)"
-                                    }
-                                );
-                            }
                             *self.kept.lock() = Some((addr, c));
                             return Ok(());
                         }
@@ -382,7 +424,9 @@ impl Cluster {
 
     /// Installs the slot map a `CLUSTER SLOTS` reply describes; `host` is
     /// the answering node's (for entries that leave theirs empty).
-    fn install(&self, reply: Value, host: &str) -> Result<()> {
+    /// `sharded`, if given, is set before the map can be seen (a release
+    /// routed by it publishes the way waiters listen).
+    fn install(&self, reply: Value, host: &str, sharded: Option<bool>) -> Result<()> {
         let bad = |what: &str| {
             Error::Redis(RedisError::from((
                 redis::ErrorKind::Parse,
@@ -440,6 +484,17 @@ impl Cluster {
             }
             m
         };
+        if let Some(sharded) = sharded {
+            self.sharded.store(sharded, Ordering::Release);
+            log::info!(
+                "redlease: cluster pub/sub is {}",
+                if sharded {
+                    "sharded (SSUBSCRIBE/SPUBLISH)"
+                } else {
+                    "classic (Redis before 7)"
+                }
+            );
+        }
         let old = std::mem::replace(&mut *self.owners.write(), owners);
         // Nodes that serve no slot now (a failed master, a seed that is a
         // replica) go: their pools stop dialling, and their subscribers hand
@@ -477,27 +532,26 @@ impl Cluster {
         let mut next: Option<(Arc<Node>, bool)> = None;
         let mut redirects = 0;
         let mut pause = Duration::from_millis(5);
+        // The node an ASK sent us to: a TRYAGAIN from it (a multi-key
+        // request whose keys are split by the migration) is retried there.
+        let mut asked: Option<Arc<Node>> = None;
         loop {
             let (node, asking) = match next.take() {
                 Some(n) => n,
                 None => (self.owner(slot)?, false),
             };
-            if node.redis.unreachable() {
-                // Its last connection attempt failed: it may have been
-                // replaced. Without a new master for the slot, fail now
-                // rather than wait out the checkout timeout (a caller that
-                // waits retries until its deadline).
+            if node.redis.unreachable() && !asking {
+                // Its last connection or request failed: it may have been
+                // replaced. (If not, the request fails fast: see
+                // `Redis::checkout`; a caller that waits retries until its
+                // deadline.)
                 self.refresh_soon();
                 let owner = self.owner(slot)?;
-                if Arc::ptr_eq(&owner, &node) {
-                    return Err(Error::Pool(format!(
-                        "cluster node {} is unreachable (its last connection attempt failed) \
-                         and no other master serves slot {slot} yet",
-                        node.name
-                    )));
+                if !Arc::ptr_eq(&owner, &node) && redirects < MAX_REDIRECTS {
+                    redirects += 1;
+                    next = Some((owner, false));
+                    continue;
                 }
-                next = Some((owner, false));
-                continue;
             }
             let e = match exec(&node, asking) {
                 Err(Error::Redis(e)) => e,
@@ -520,7 +574,9 @@ impl Cluster {
                     redirects += 1;
                 }
                 (Some("ASK"), Some((addr, _))) if redirects < MAX_REDIRECTS => {
-                    next = Some((self.node_at(&addr)?, true));
+                    let to = self.node_at(&addr)?;
+                    asked = Some(Arc::clone(&to));
+                    next = Some((to, true));
                     redirects += 1;
                 }
                 (Some("TRYAGAIN" | "CLUSTERDOWN"), _)
@@ -531,6 +587,9 @@ impl Cluster {
                     }
                     std::thread::sleep(jitter(pause, 0.5));
                     pause = (pause * 2).min(Duration::from_millis(100));
+                    if asking {
+                        next = asked.clone().map(|n| (n, true));
+                    }
                 }
                 _ => {
                     if is_connection_failure(&e) {

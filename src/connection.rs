@@ -294,7 +294,13 @@ impl Redis {
         if self.fail_fast && timeout > FAST_CHECKOUT {
             match self.pool().get_timeout(FAST_CHECKOUT) {
                 Ok(conn) => return Ok(conn),
-                Err(e) if self.unreachable() => return Err(Error::pool(e)),
+                Err(e) if self.unreachable() => {
+                    return Err(Error::Pool(format!(
+                        "{} is unreachable: its last connection or request failed, and no \
+                         connection came within {FAST_CHECKOUT:?} ({e})",
+                        self.manager.target.describe()
+                    )))
+                }
                 Err(_) => {
                     return self
                         .pool()
@@ -453,7 +459,14 @@ impl Redis {
     /// takes only an idle pooled connection (`None` if there is none).
     fn send_job(&self, packed: &[u8], wait_for_connection: bool) -> Result<Option<InFlight>> {
         let wait = self.wait_known();
-        let mut conn = if wait_for_connection {
+        let mut conn = if wait_for_connection && self.fail_fast {
+            // A Cluster node with no idle connection: a short wait, so that
+            // one unhealthy node holds the round up by little; the next
+            // round finds the connection made meanwhile.
+            self.pool()
+                .get_timeout(FAST_CHECKOUT)
+                .map_err(Error::pool)?
+        } else if wait_for_connection {
             self.checkout(self.checkout_timeout)?
         } else {
             match self.pool().try_get() {
@@ -504,6 +517,7 @@ impl Redis {
         };
         match received {
             Ok(values) => {
+                self.answered();
                 let moved = values.iter().any(|v| {
                     matches!(v, Value::ServerError(e) if matches!(e.code(), "READONLY" | "MASTERDOWN"))
                 });
@@ -588,8 +602,18 @@ impl Redis {
         Ok(())
     }
 
-    /// `true` while the last attempt to connect failed (none has succeeded
-    /// since).
+    /// The server answered a request: it is reachable.
+    fn answered(&self) {
+        if self.fail_fast {
+            let mut failed_at = self.manager.failed_at.lock();
+            if failed_at.is_some() {
+                *failed_at = None;
+            }
+        }
+    }
+
+    /// `true` while the last attempt to connect failed, or a request failed
+    /// on its connection (failing fast), and nothing has succeeded since.
     pub(crate) fn unreachable(&self) -> bool {
         self.manager.failed_at.lock().is_some()
     }
@@ -641,17 +665,6 @@ impl Redis {
                     (redis::ErrorKind::Io, "retries ran out of time").into()
                 })));
             }
-            if self.fail_fast && self.unreachable() {
-                return Err(first_failure.map_or_else(
-                    || {
-                        Error::Pool(format!(
-                            "{} is unreachable (its last connection attempt failed)",
-                            self.manager.target.describe()
-                        ))
-                    },
-                    Error::Redis,
-                ));
-            }
             let mut conn = match self.checkout(self.checkout_timeout.min(left)) {
                 Ok(conn) => conn,
                 Err(e) => return Err(first_failure.map_or_else(|| e, Error::Redis)),
@@ -673,7 +686,10 @@ impl Redis {
                 self.mark_failure(&mut conn);
             }
             match result {
-                Ok(v) => return Ok(v),
+                Ok(v) => {
+                    self.answered();
+                    return Ok(v);
+                }
                 Err(e) => {
                     if matches!(e.code(), Some("READONLY" | "MASTERDOWN")) {
                         // Talking to a replica, or a master cut off from its
@@ -713,6 +729,12 @@ impl Redis {
         let old = self.epoch.fetch_max(conn.epoch + 1, Ordering::AcqRel);
         if old <= conn.epoch {
             self.counters.failures.fetch_add(1, Ordering::Relaxed);
+        }
+        if self.fail_fast {
+            // Until a new connection proves it answers (a stalled server
+            // accepts connections but never answers them), requests fail
+            // fast rather than each wait for a connection: see `checkout`.
+            *self.manager.failed_at.lock() = Some(Instant::now());
         }
     }
 }
@@ -766,7 +788,7 @@ pub(crate) fn fan_out(jobs: &[Job<'_>]) -> Vec<Result<(Vec<Value>, Synced)>> {
             *s = job.redis.send_job(&job.packed, true).transpose();
         }
     }
-    let results = jobs
+    let results: Vec<_> = jobs
         .iter()
         .zip(sent)
         .map(|(job, sent)| match sent {
@@ -777,9 +799,13 @@ pub(crate) fn fan_out(jobs: &[Job<'_>]) -> Vec<Result<(Vec<Value>, Synced)>> {
             )))),
         })
         .collect();
-    // Replica counts that went stale are read now, after this round.
-    for job in jobs {
-        job.redis.count_replicas_if_stale();
+    // Replica counts that went stale are read now, after this round, on
+    // the nodes that answered (one that did not would only hold the caller
+    // up).
+    for (job, result) in jobs.iter().zip(&results) {
+        if result.is_ok() {
+            job.redis.count_replicas_if_stale();
+        }
     }
     results
 }

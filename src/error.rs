@@ -172,7 +172,8 @@ pub(crate) fn is_io_failure(e: &redis::RedisError) -> bool {
 
 /// Redis refused the command without running it, for a reason that passes
 /// (a long script elsewhere, loading, a failover, an ACL being changed, memory
-/// full): the same request may succeed when tried again.
+/// full, a Cluster slot moving or migrating past the redirections followed):
+/// the same request may succeed when tried again.
 pub(crate) fn is_retryable_reply(e: &redis::RedisError) -> bool {
     matches!(
         e.code(),
@@ -183,6 +184,8 @@ pub(crate) fn is_retryable_reply(e: &redis::RedisError) -> bool {
                 | "MASTERDOWN"
                 | "TRYAGAIN"
                 | "CLUSTERDOWN"
+                | "MOVED"
+                | "ASK"
                 | "NOREPLICAS"
                 | "NOPERM"
                 | "NOAUTH"

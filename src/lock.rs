@@ -678,7 +678,9 @@ fn is_failover_symptom(e: &Error) -> bool {
     e.is_connection_error()
         || matches!(e, Error::Redis(r) if matches!(
             r.code(),
-            Some("READONLY" | "MASTERDOWN" | "LOADING" | "CLUSTERDOWN" | "TRYAGAIN")
+            Some(
+                "READONLY" | "MASTERDOWN" | "LOADING" | "CLUSTERDOWN" | "TRYAGAIN" | "MOVED" | "ASK"
+            )
         ))
 }
 

@@ -33,7 +33,7 @@ enum Topology {
     /// the node stays).
     Single(Arc<Node>),
     /// The masters of a Redis Cluster, by slot.
-    Cluster(Box<Cluster>),
+    Cluster(Arc<Cluster>),
 }
 
 /// Keys grouped for one node: `chunks` holds indices into the caller's
@@ -62,12 +62,12 @@ impl Router {
     }
 
     pub(crate) fn cluster(
-        cluster: Cluster,
+        cluster: Arc<Cluster>,
         retry_attempts: u32,
         counters: Arc<Counters>,
     ) -> Router {
         Router {
-            topology: Topology::Cluster(Box::new(cluster)),
+            topology: Topology::Cluster(cluster),
             next_request: AtomicU64::new(1),
             retry_attempts,
             counters,

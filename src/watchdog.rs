@@ -610,6 +610,22 @@ impl Inner {
             self.load_and_renew(group, batch, &gens, &mut replies);
             for (chunk, reply) in group.chunks.iter().zip(replies) {
                 let reply = match reply {
+                    redis::Value::ServerError(e)
+                        if matches!(e.code(), "ASK" | "TRYAGAIN") && chunk.len() > 1 =>
+                    {
+                        // The slot is migrating: a script on several keys
+                        // fails while they are split between the nodes, one
+                        // on a single key follows it. One by one, then.
+                        for &i in chunk {
+                            if let Some(v) = self.renew_again(batch, &gens, &[i]) {
+                                match parse_renewal(v, 1) {
+                                    Ok(mut one) => outcomes[i] = one.pop(),
+                                    Err(e) => log::warn!("redlease-watchdog: {e}; retrying"),
+                                }
+                            }
+                        }
+                        continue;
+                    }
                     redis::Value::ServerError(e) if is_passing(e.code()) => {
                         match self.renew_again(batch, &gens, chunk) {
                             Some(v) => v,

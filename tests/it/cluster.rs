@@ -553,3 +553,173 @@ fn readme_acl_rule_on_a_cluster() {
     }
     assert_eq!(a.stats().locks_lost, 0);
 }
+
+/// A master that stops answering (SIGSTOP: connections are accepted, never
+/// answered) holds back neither the renewals on the other masters nor lock
+/// operations there.
+#[test]
+fn a_silent_master_does_not_hold_back_the_others() {
+    // Full coverage not required: the cluster marks the silent master failed
+    // after a second, and the others keep serving.
+    let cluster = Cluster::start_with_args(3, 0, &["--cluster-require-full-coverage", "no"]);
+    // Renewed every 2 s; a silent node may hold the watchdog for one
+    // response timeout (1 s) once, before it is known unreachable.
+    let lease = Duration::from_secs(6);
+    let c = Client::cluster_builder(cluster.seeds())
+        .watchdog_timeout(lease)
+        .response_timeout(Duration::from_secs(1))
+        .build()
+        .expect("client");
+    let names = cluster.names_on_each_master("silent", 1);
+    let guards: Vec<_> = names
+        .iter()
+        .flatten()
+        .map(|n| c.lock(n).lock().expect("lock"))
+        .collect();
+    let stalled = cluster.master_of_slot(cluster.slot_of(&names[0][0]));
+    let others: Vec<(&RedisServer, String)> = names[1..]
+        .iter()
+        .map(|g| (cluster.master_of_slot(cluster.slot_of(&g[0])), g[0].clone()))
+        .collect();
+    stalled.pause();
+    // A call on the silent master ends within its deadline plus about one
+    // response timeout (1 s); the slot map is read again in the background.
+    let started = Instant::now();
+    let r = c
+        .lock(&names[0][0])
+        .try_lock_for(Duration::from_millis(300));
+    let took = started.elapsed();
+    println!(
+        "try_lock_for(300 ms) on the silent master: {:?} after {took:?}",
+        r.as_ref().map(Option::is_some).map_err(ToString::to_string)
+    );
+    assert!(
+        took < Duration::from_millis(300) + Duration::from_secs(2),
+        "bounded by the deadline and the response timeout ({took:?})"
+    );
+    // Three renewal intervals with one master silent: the others' leases are
+    // renewed on time (never below a third of the lease: an interval late at
+    // most), and locks there are taken and released.
+    let mut lowest = lease;
+    let started = Instant::now();
+    let mut ops = 0;
+    while started.elapsed() < lease {
+        for (node, name) in &others {
+            let out = node.cmd(&["PTTL", name]);
+            let ms: u64 = out.parse().unwrap_or_else(|_| panic!("PTTL {name}: {out}"));
+            lowest = lowest.min(Duration::from_millis(ms));
+            let fresh = format!("{{{name}}}:fresh");
+            let g = c.lock(&fresh).try_lock().expect("a lock on a live master");
+            assert!(g.is_some(), "{fresh}: free");
+            ops += 1;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    stalled.resume();
+    println!("lowest lease left on the live masters: {lowest:?}; {ops} lock operations there");
+    assert!(
+        lowest > lease / 3,
+        "renewals on the live masters kept on time ({lowest:?} left at worst)"
+    );
+    for (g, name) in guards.iter().zip(names.iter().flatten()).skip(1) {
+        g.ensure_held()
+            .unwrap_or_else(|e| panic!("{name} on a live master: {e}"));
+    }
+}
+
+/// While a slot migrates, scripts on several keys get `ASK` (all keys still
+/// missing at the source) and then `TRYAGAIN` (keys split between the
+/// nodes): `lock()` waits the migration out instead of failing, and an
+/// `unlock()` whose key has moved is completed (at once or in the
+/// background), never left to the lease.
+#[test]
+fn lock_and_unlock_ride_out_a_slot_migration() {
+    let cluster = Cluster::start(3, 0);
+    let c = client(&cluster);
+    let other_master = |slot: u16| {
+        let from = cluster.master_of_slot(slot).port();
+        cluster
+            .masters()
+            .into_iter()
+            .find(|m| m.port() != from)
+            .expect("another master")
+    };
+
+    // A free lock whose slot starts migrating: lock() blocks until the slot
+    // has moved, then takes it.
+    let free = "migration:free";
+    let slot = cluster.slot_of(free);
+    let to = other_master(slot);
+    cluster.begin_migration(slot, to);
+    let (tx, rx) = mpsc::channel();
+    let c2 = c.clone();
+    thread::spawn(move || {
+        let r = c2.lock(free).lock().map(|g| g.hold_count());
+        tx.send(r).expect("report");
+    });
+    thread::sleep(Duration::from_millis(500));
+    assert!(
+        rx.try_recv().is_err(),
+        "lock() does not give up while the slot migrates"
+    );
+    cluster.migrate_keys(slot);
+    cluster.finish_migration(slot, to);
+    let r = rx
+        .recv_timeout(WAIT)
+        .expect("lock() returns once the slot moved");
+    assert_eq!(r.expect("lock() after the migration"), 1);
+
+    // A held lock whose key moved, its slot still migrating: the release
+    // goes through once the migration is done, long before the 30 s lease.
+    let held = "migration:held";
+    let slot = cluster.slot_of(held);
+    let to = other_master(slot);
+    let g = c.lock(held).lock().expect("lock");
+    cluster.begin_migration(slot, to);
+    assert_eq!(cluster.migrate_keys(slot), 1);
+    let started = Instant::now();
+    let r = g.unlock();
+    println!(
+        "unlock with the key migrated: {:?} after {:?}",
+        r.as_ref().map_err(ToString::to_string),
+        started.elapsed()
+    );
+    if let Err(e) = &r {
+        assert!(!e.is_lock_lost(), "not reported lost: {e}");
+    }
+    cluster.finish_migration(slot, to);
+    wait_until(
+        "the release completed after the migration",
+        Duration::from_secs(10),
+        || to.cmd(&["EXISTS", held]) == "0",
+    );
+    let other = client(&cluster);
+    assert!(other.lock(held).try_lock().expect("try_lock").is_some());
+}
+
+/// A lazily built client used by many threads at once: the first slot map
+/// is read once, and every caller waits for it instead of failing.
+#[test]
+fn a_lazy_client_reads_the_slot_map_once_for_concurrent_first_callers() {
+    let cluster = shared();
+    for round in 0..5 {
+        let c = Client::cluster_builder(cluster.seeds())
+            .build_lazy()
+            .expect("lazy client");
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(8));
+        let threads: Vec<_> = (0..8)
+            .map(|i| {
+                let c = c.clone();
+                let b = std::sync::Arc::clone(&barrier);
+                thread::spawn(move || {
+                    b.wait();
+                    c.lock(format!("lazy:{round}:{i}")).is_locked()
+                })
+            })
+            .collect();
+        for t in threads {
+            let r = t.join().expect("thread");
+            assert!(!r.expect("first use of a lazy client"), "nothing held");
+        }
+    }
+}
