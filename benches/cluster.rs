@@ -60,44 +60,22 @@ fn pairs(mode: Mode, single: &RedisServer, cluster: &Cluster) {
         drop(on_one.lock_with_lease(LEASE).expect("lock"));
         drop(on_many.lock_with_lease(LEASE).expect("lock"));
     }
-    let mut rates: [Vec<f64>; 3] = Default::default();
-    for round in 0..rounds {
-        for j in 0..3 {
-            let which = (round + j) % 3;
-            let start = Instant::now();
-            let mut n = 0u64;
-            while start.elapsed() < burst {
-                for _ in 0..10 {
-                    match which {
-                        0 => redis::cmd("PING").query::<()>(&mut ping).expect("PING"),
-                        1 => drop(on_one.lock_with_lease(LEASE).expect("lock")),
-                        _ => drop(on_many.lock_with_lease(LEASE).expect("lock")),
-                    }
-                }
-                n += 10;
-            }
-            rates[which].push(n as f64 / start.elapsed().as_secs_f64());
-        }
-    }
-    let median = |mut xs: Vec<f64>| {
-        xs.sort_by(f64::total_cmp);
-        xs[xs.len() / 2]
-    };
-    let ratio = |a: usize, b: usize, scale: f64| {
-        median(
-            rates[a]
-                .iter()
-                .zip(&rates[b])
-                .map(|(x, y)| x / (y * scale))
-                .collect(),
-        )
-    };
+    let rates = support::interleaved(
+        rounds,
+        burst,
+        &mut [
+            &mut || redis::cmd("PING").query::<()>(&mut ping).expect("PING"),
+            &mut || drop(on_one.lock_with_lease(LEASE).expect("lock")),
+            &mut || drop(on_many.lock_with_lease(LEASE).expect("lock")),
+        ],
+    );
+    let (median, ratio) = (support::median, |a, b, s| support::ratio(&rates, a, b, s));
     println!(
         "SUMMARY: pairs: floor (PING/s ÷ 2) {:.0}/s; one Redis {:.0}/s; cluster {:.0}/s; \
          cluster/one {:.2}; one/floor {:.2}; cluster/floor {:.2}",
-        median(rates[0].clone()) / 2.0,
-        median(rates[1].clone()),
-        median(rates[2].clone()),
+        median(&rates[0]) / 2.0,
+        median(&rates[1]),
+        median(&rates[2]),
         ratio(2, 1, 1.0),
         ratio(1, 0, 0.5),
         ratio(2, 0, 0.5)

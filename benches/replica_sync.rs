@@ -80,46 +80,26 @@ fn main() {
     };
     let off = plain.lock("bench:sync:il:off");
     let on = synced.lock("bench:sync:il:on");
-    let mut rates: [Vec<f64>; 3] = Default::default();
-    for round in 0..rounds {
-        for j in 0..3 {
-            let which = (round + j) % 3;
-            let start = Instant::now();
-            let mut n = 0u64;
-            while start.elapsed() < burst {
-                for _ in 0..10 {
-                    match which {
-                        0 => redis::cmd("PING")
-                            .query::<()>(&mut ping_conn)
-                            .expect("PING"),
-                        1 => drop(off.lock_with_lease(LEASE).expect("lock")),
-                        _ => drop(on.lock_with_lease(LEASE).expect("lock")),
-                    }
-                }
-                n += 10;
-            }
-            rates[which].push(n as f64 / start.elapsed().as_secs_f64());
-        }
-    }
-    let median = |mut xs: Vec<f64>| {
-        xs.sort_by(f64::total_cmp);
-        xs[xs.len() / 2]
-    };
-    let ratio = |a: usize, b: usize, scale: f64| {
-        median(
-            rates[a]
-                .iter()
-                .zip(&rates[b])
-                .map(|(x, y)| x / (y * scale))
-                .collect(),
-        )
-    };
-    let floor = median(rates[0].clone()) / 2.0;
+    let rates = support::interleaved(
+        rounds,
+        burst,
+        &mut [
+            &mut || {
+                redis::cmd("PING")
+                    .query::<()>(&mut ping_conn)
+                    .expect("PING")
+            },
+            &mut || drop(off.lock_with_lease(LEASE).expect("lock")),
+            &mut || drop(on.lock_with_lease(LEASE).expect("lock")),
+        ],
+    );
+    let (median, ratio) = (support::median, |a, b, s| support::ratio(&rates, a, b, s));
+    let floor = median(&rates[0]) / 2.0;
     println!(
         "SUMMARY: floor (PING/s ÷ 2) {floor:.0} pairs/s; without WAIT {:.0} pairs/s; with WAIT \
          (1 replica) {:.0} pairs/s",
-        median(rates[1].clone()),
-        median(rates[2].clone())
+        median(&rates[1]),
+        median(&rates[2])
     );
     println!(
         "SUMMARY: with/without WAIT {:.2}; without WAIT / floor {:.2}; with WAIT / floor {:.2}",

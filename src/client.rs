@@ -132,16 +132,9 @@ impl Client {
         I: IntoIterator,
         I::Item: redis::IntoConnectionInfo,
     {
-        let sentinels: Vec<_> = sentinels
-            .into_iter()
-            .map(redis::IntoConnectionInfo::into_connection_info)
-            .collect();
-        let mut b = ClientBuilder::new(Err(redis::RedisError::from((
-            redis::ErrorKind::InvalidClientConfig,
-            "no sentinel given",
-        ))));
+        let mut b = ClientBuilder::without_url("no sentinel given");
         b.sentinel = Some(SentinelSettings {
-            sentinels,
+            sentinels: connection_infos(sentinels),
             master_name: master_name.to_owned(),
             username: None,
             password: None,
@@ -182,16 +175,9 @@ impl Client {
         I: IntoIterator,
         I::Item: redis::IntoConnectionInfo,
     {
-        let seeds: Vec<_> = seeds
-            .into_iter()
-            .map(redis::IntoConnectionInfo::into_connection_info)
-            .collect();
-        let mut b = ClientBuilder::new(Err(redis::RedisError::from((
-            redis::ErrorKind::InvalidClientConfig,
-            "no cluster node given",
-        ))));
+        let mut b = ClientBuilder::without_url("no cluster node given");
         b.cluster = Some(ClusterSettings {
-            seeds,
+            seeds: connection_infos(seeds),
             pubsub: PubSubMode::Auto,
         });
         b
@@ -317,6 +303,18 @@ struct SentinelSettings {
     db: i64,
 }
 
+/// Each address parsed (errors kept, reported by `build()`).
+fn connection_infos<I>(addresses: I) -> Vec<redis::RedisResult<redis::ConnectionInfo>>
+where
+    I: IntoIterator,
+    I::Item: redis::IntoConnectionInfo,
+{
+    addresses
+        .into_iter()
+        .map(redis::IntoConnectionInfo::into_connection_info)
+        .collect()
+}
+
 /// What `cluster_builder` took.
 struct ClusterSettings {
     seeds: Vec<redis::RedisResult<redis::ConnectionInfo>>,
@@ -327,6 +325,15 @@ struct ClusterSettings {
 const MAX_RETRY_ATTEMPTS: u32 = 100;
 
 impl ClientBuilder {
+    /// A builder for servers found through others (sentinels, cluster
+    /// seeds): no url of its own.
+    fn without_url(why: &'static str) -> ClientBuilder {
+        ClientBuilder::new(Err(redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            why,
+        ))))
+    }
+
     fn new(info: redis::RedisResult<redis::ConnectionInfo>) -> ClientBuilder {
         ClientBuilder {
             info,

@@ -708,16 +708,7 @@ impl Inner {
     /// said where): its entry goes (without an UNSUBSCRIBE: Redis dropped
     /// it), and its waiters are told to subscribe again through the router.
     fn move_channel(&self, channel: &Channel, to: Option<&str>) {
-        let latches = {
-            let mut map = self.channels.lock();
-            if map
-                .get(&channel.name)
-                .is_some_and(|c| std::ptr::eq(Arc::as_ptr(c), channel))
-            {
-                map.remove(&channel.name);
-            }
-            channel.latches()
-        };
+        let latches = self.forget(channel);
         log::info!(
             "redlease-pubsub: channel {:?} left this node{}; its waiters follow it",
             channel.name,
@@ -800,21 +791,25 @@ impl Inner {
         }
     }
 
+    /// Removes `channel`'s entry (if it is still this one), so that a later
+    /// waiter subscribes anew; returns its latches.
+    fn forget(&self, channel: &Channel) -> Vec<Arc<Latch>> {
+        let mut map = self.channels.lock();
+        if map
+            .get(&channel.name)
+            .is_some_and(|c| std::ptr::eq(Arc::as_ptr(c), channel))
+        {
+            map.remove(&channel.name);
+        }
+        channel.latches()
+    }
+
     /// Redis refused the SUBSCRIBE of `channel`: its waiters get the error
     /// and the entry goes, so that a later waiter tries again.
     fn fail_channel(&self, channel: &Channel, e: &redis::ServerError) {
         let err = refused_error(&channel.name, e);
         log::warn!("redlease-pubsub: {err}");
-        let latches = {
-            let mut map = self.channels.lock();
-            if map
-                .get(&channel.name)
-                .is_some_and(|c| std::ptr::eq(Arc::as_ptr(c), channel))
-            {
-                map.remove(&channel.name);
-            }
-            channel.latches()
-        };
+        let latches = self.forget(channel);
         for latch in latches {
             latch.fail(&err);
         }

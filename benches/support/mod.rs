@@ -310,3 +310,49 @@ pub fn load_average() -> String {
         .map(|s| s.trim().to_owned())
         .unwrap_or_else(|_| "?".to_owned())
 }
+
+/// Rates measured interleaved, so that a noisy machine slows every routine
+/// alike: `rounds` rounds, each running every routine for `burst` (ten
+/// calls at a time), in an order that rotates from round to round. Returns,
+/// per routine, its calls per second in each round.
+pub fn interleaved(
+    rounds: usize,
+    burst: Duration,
+    routines: &mut [&mut dyn FnMut()],
+) -> Vec<Vec<f64>> {
+    let k = routines.len();
+    let mut rates = vec![Vec::with_capacity(rounds); k];
+    for round in 0..rounds {
+        for j in 0..k {
+            let which = (round + j) % k;
+            let start = std::time::Instant::now();
+            let mut n = 0u64;
+            while start.elapsed() < burst {
+                for _ in 0..10 {
+                    (routines[which])();
+                }
+                n += 10;
+            }
+            rates[which].push(n as f64 / start.elapsed().as_secs_f64());
+        }
+    }
+    rates
+}
+
+/// The median of `xs` (0 if empty).
+pub fn median(xs: &[f64]) -> f64 {
+    let mut xs = xs.to_vec();
+    xs.sort_by(f64::total_cmp);
+    xs.get(xs.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// The median over rounds of `rates[a] / (rates[b] * scale)`, from
+/// [`interleaved`] rates.
+pub fn ratio(rates: &[Vec<f64>], a: usize, b: usize, scale: f64) -> f64 {
+    let per_round: Vec<f64> = rates[a]
+        .iter()
+        .zip(&rates[b])
+        .map(|(x, y)| x / (y * scale))
+        .collect();
+    median(&per_round)
+}

@@ -12,6 +12,7 @@ use std::sync::OnceLock;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::redisson_interop::{redisson_channel as channel, Redisson};
 use crate::support::{wait_until, Cluster, RedisServer};
 use redlease::Client;
 
@@ -30,15 +31,6 @@ fn client(cluster: &Cluster) -> Client {
     Client::cluster_builder(cluster.seeds())
         .build()
         .expect("client connects to the test cluster")
-}
-
-/// Redisson's channel of lock `name`.
-fn channel(name: &str) -> String {
-    if name.contains('{') {
-        format!("redisson_lock__channel:{name}")
-    } else {
-        format!("redisson_lock__channel:{{{name}}}")
-    }
 }
 
 /// Sharded subscribers of `channel` on `node` (`PUBSUB SHARDNUMSUB`).
@@ -368,32 +360,17 @@ fn names_without_a_complete_hash_tag_are_refused_on_a_cluster() {
     drop(g);
 }
 
-/// Redisson 3.x `tryLockInnerAsync` and `unlockInnerAsync` (see
-/// redisson_interop.rs), as a Redisson client on a 7.0 cluster runs them:
-/// releases published with `SPUBLISH`.
-const REDISSON_ACQUIRE: &str = "if ((redis.call('exists', KEYS[1]) == 0) or (redis.call('hexists', KEYS[1], ARGV[2]) == 1)) then redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; return redis.call('pttl', KEYS[1]);";
-const REDISSON_RELEASE: &str = "local val = redis.call('get', KEYS[3]); if val ~= false then return tonumber(val); end; if (redis.call('hexists', KEYS[1], ARGV[3]) == 0) then return nil; end; local counter = redis.call('hincrby', KEYS[1], ARGV[3], -1); if (counter > 0) then redis.call('pexpire', KEYS[1], ARGV[2]); redis.call('set', KEYS[3], 0, 'px', ARGV[5]); return 0; else redis.call('del', KEYS[1]); redis.call(ARGV[4], KEYS[2], ARGV[1]); redis.call('set', KEYS[3], 1, 'px', ARGV[5]); return 1; end; return nil;";
-const REDISSON_FIELD: &str = "e3b0c442-98fc-1c14-9afb-f4c8996fb924:1";
-
 #[test]
 fn redisson_on_a_cluster_excludes_and_wakes_through_sharded_channels() {
     let cluster = shared();
     let name = "interop:cluster";
     let master = cluster.master_of_slot(cluster.slot_of(name));
-    let mut redisson = master.conn();
+    let mut redisson = Redisson::sharded(master);
     let c = client(cluster);
 
     // Redisson holds; redlease waits on the sharded channel and is woken by
     // Redisson's SPUBLISH.
-    let acquired: Option<i64> = redis::cmd("EVAL")
-        .arg(REDISSON_ACQUIRE)
-        .arg(1)
-        .arg(name)
-        .arg(30_000)
-        .arg(REDISSON_FIELD)
-        .query(&mut redisson)
-        .expect("Redisson acquires");
-    assert_eq!(acquired, None);
+    assert_eq!(redisson.acquire(name, 30_000), None, "Redisson acquires");
     assert!(c.lock(name).try_lock().expect("try_lock").is_none());
     let (tx, rx) = mpsc::channel();
     let w = c.clone();
@@ -409,20 +386,7 @@ fn redisson_on_a_cluster_excludes_and_wakes_through_sharded_channels() {
         shard_subscribers(master, &channel(name)) == 1
     });
     let released = Instant::now();
-    let r: Option<i64> = redis::cmd("EVAL")
-        .arg(REDISSON_RELEASE)
-        .arg(3)
-        .arg(name)
-        .arg(channel(name))
-        .arg(format!("redisson_unlock_latch:{{{name}}}:req-1"))
-        .arg(0)
-        .arg(30_000)
-        .arg(REDISSON_FIELD)
-        .arg("spublish")
-        .arg(5000)
-        .query(&mut redisson)
-        .expect("Redisson releases");
-    assert_eq!(r, Some(1));
+    assert_eq!(redisson.release(name), Some(1), "Redisson releases");
     let at = rx
         .recv_timeout(WAIT)
         .expect("report")
@@ -435,14 +399,7 @@ fn redisson_on_a_cluster_excludes_and_wakes_through_sharded_channels() {
     // redlease holds; Redisson is excluded, and a sharded subscriber (what
     // Redisson's waiter does) gets redlease's release message.
     let g = c.lock(name).lock().expect("lock");
-    let busy: Option<i64> = redis::cmd("EVAL")
-        .arg(REDISSON_ACQUIRE)
-        .arg(1)
-        .arg(name)
-        .arg(30_000)
-        .arg(REDISSON_FIELD)
-        .query(&mut redisson)
-        .expect("Redisson tries");
+    let busy = redisson.acquire(name, 30_000);
     assert!(busy.is_some_and(|ttl| ttl > 0), "Redisson sees it held");
     let mut sub = master.conn();
     let ch = channel(name);

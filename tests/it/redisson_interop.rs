@@ -31,7 +31,7 @@ const REDISSON_RELEASE: &str = "local val = redis.call('get', KEYS[3]); if val ~
 const REDISSON_FIELD: &str = "e3b0c442-98fc-1c14-9afb-f4c8996fb924:1";
 
 /// Redisson's `prefixName("redisson_lock__channel", name)`.
-fn redisson_channel(name: &str) -> String {
+pub(crate) fn redisson_channel(name: &str) -> String {
     if name.contains('{') {
         format!("redisson_lock__channel:{name}")
     } else {
@@ -40,21 +40,34 @@ fn redisson_channel(name: &str) -> String {
 }
 
 /// A plain connection acting as a Redisson client.
-struct Redisson {
+pub(crate) struct Redisson {
     conn: redis::Connection,
     requests: u64,
+    /// Redisson's publish command: `publish`, or `spublish` on a cluster
+    /// with sharded pub/sub.
+    publish: &'static str,
 }
 
 impl Redisson {
-    fn new(srv: &RedisServer) -> Redisson {
+    pub(crate) fn new(srv: &RedisServer) -> Redisson {
         Redisson {
             conn: srv.conn(),
             requests: 0,
+            publish: "publish",
+        }
+    }
+
+    /// A Redisson client on a Redis 7 cluster (sharded pub/sub, its
+    /// default), talking to the master of the locks' slot.
+    pub(crate) fn sharded(master: &RedisServer) -> Redisson {
+        Redisson {
+            publish: "spublish",
+            ..Redisson::new(master)
         }
     }
 
     /// `None` = acquired (or re-entered); `Some(pttl)` = busy.
-    fn acquire(&mut self, name: &str, lease_ms: u64) -> Option<i64> {
+    pub(crate) fn acquire(&mut self, name: &str, lease_ms: u64) -> Option<i64> {
         redis::cmd("EVAL")
             .arg(REDISSON_ACQUIRE)
             .arg(1)
@@ -67,7 +80,7 @@ impl Redisson {
 
     /// `None` = not held by this owner; `Some(0)` = holds remain;
     /// `Some(1)` = released and published.
-    fn release(&mut self, name: &str) -> Option<i64> {
+    pub(crate) fn release(&mut self, name: &str) -> Option<i64> {
         self.requests += 1;
         // Redisson: prefixName("redisson_unlock_latch", name) + ":" + requestId.
         let latch = if name.contains('{') {
@@ -84,7 +97,7 @@ impl Redisson {
             .arg(0)
             .arg(LEASE_MS)
             .arg(REDISSON_FIELD)
-            .arg("publish")
+            .arg(self.publish)
             .arg(5000)
             .query(&mut self.conn)
             .expect("Redisson's release script")
