@@ -98,6 +98,24 @@ struct Terms {
     renew: Option<Duration>,
 }
 
+/// An acquire request made ready: what [`Lock::prepare`] decided before
+/// its round trip.
+struct Request {
+    existing: Option<Arc<Hold>>,
+    pending: Vec<Arc<Unsettled>>,
+    field: String,
+    /// Holds the owner had when the request was made.
+    held: u32,
+    watched: bool,
+    lease_ms: u64,
+    /// The lease the remaining holds need if the request is undone.
+    restore_ms: u64,
+    /// The request's id (the hold's new generation).
+    n: u64,
+    marker: String,
+    sent: Instant,
+}
+
 enum Attempt {
     Acquired(LockGuard),
     /// The holder's remaining lease (`None`: no lease set).
@@ -560,6 +578,14 @@ impl Lock {
 
     /// One acquire script call; registers the hold before returning a guard.
     fn attempt(&self, terms: &Terms) -> Result<Attempt> {
+        let request = self.prepare(terms);
+        let reply = self.send(&request);
+        self.finish(terms, request, reply)
+    }
+
+    /// Everything an acquire request decides before its round trip; marks
+    /// an existing hold's bound as what the request may set.
+    fn prepare(&self, terms: &Terms) -> Request {
         let shared = &self.client.shared;
         let (existing, pending) = owner_state(shared.id, &self.name);
         let field = existing
@@ -575,18 +601,76 @@ impl Lock {
         let restore_ms = existing.as_ref().map_or(0, |h| h.needed_lease_ms());
         let n = shared.next_request();
         let marker = scripts::acquire_cancel_name(&self.name, &field, n);
-        let lock = LockRef {
-            name: &self.name,
-            channel: &self.channel,
-            field: &field,
-        };
         let sent = Instant::now();
         if let Some(h) = &existing {
             h.begin(sent, lease_ms);
         }
-        let reply = shared.router.run_synced(&self.name, |conn| {
-            scripts::acquire(conn, lock, &marker, &keys(&pending), lease_ms, held + 1, n)
-        });
+        Request {
+            existing,
+            pending,
+            field,
+            held,
+            watched,
+            lease_ms,
+            restore_ms,
+            n,
+            marker,
+            sent,
+        }
+    }
+
+    /// The names `request` works on.
+    fn lock_ref<'a>(&'a self, request: &'a Request) -> LockRef<'a> {
+        LockRef {
+            name: &self.name,
+            channel: &self.channel,
+            field: &request.field,
+        }
+    }
+
+    /// Sends `request` on its own (one round trip, routed).
+    fn send(&self, r: &Request) -> Result<(Option<i64>, Synced)> {
+        let lock = self.lock_ref(r);
+        self.router().run_synced(&self.name, |conn| {
+            scripts::acquire(
+                conn,
+                lock,
+                &r.marker,
+                &keys(&r.pending),
+                r.lease_ms,
+                r.held + 1,
+                r.n,
+            )
+        })
+    }
+
+    /// What the reply to `request` means: a guard (the hold registered and
+    /// watched), busy, or an error after which nothing stays held in the
+    /// caller's name (an acquisition that may have run is undone in the
+    /// background).
+    fn finish(
+        &self,
+        terms: &Terms,
+        r: Request,
+        reply: Result<(Option<i64>, Synced)>,
+    ) -> Result<Attempt> {
+        let shared = &self.client.shared;
+        let Request {
+            existing,
+            pending,
+            held,
+            watched,
+            lease_ms,
+            restore_ms,
+            n,
+            sent,
+            ..
+        } = r;
+        let lock = LockRef {
+            name: &self.name,
+            channel: &self.channel,
+            field: &r.field,
+        };
         let unsynced = match &reply {
             Ok((None, Synced::No { wanted, acked })) => Some(Error::ReplicaSync {
                 name: self.name.clone(),
@@ -613,7 +697,7 @@ impl Lock {
                         held,
                         lease_ms: restore_ms,
                     };
-                    let request = Unsettled::new(lock, marker, kind, existing.as_ref(), sent);
+                    let request = Unsettled::new(lock, r.marker, kind, existing.as_ref(), sent);
                     settle_later(shared, request);
                 } else if let Some(h) = &existing {
                     h.aborted();
