@@ -457,22 +457,28 @@ impl Redis {
     /// anything but the request itself: the replica count it goes by is the
     /// one known (read again afterwards if stale), and without `wait` it
     /// takes only an idle pooled connection (`None` if there is none).
-    fn send_job(&self, packed: &[u8], wait_for_connection: bool) -> Result<Option<InFlight>> {
+    fn send_job(&self, packed: &[u8], stage: Stage) -> Result<Option<InFlight>> {
         let wait = self.wait_known();
-        let mut conn = if wait_for_connection && self.fail_fast {
-            // A Cluster node with no idle connection: a short wait, so that
-            // one unhealthy node holds the round up by little; the next
-            // round finds the connection made meanwhile.
-            self.pool()
-                .get_timeout(FAST_CHECKOUT)
-                .map_err(Error::pool)?
-        } else if wait_for_connection {
-            self.checkout(self.checkout_timeout)?
-        } else {
-            match self.pool().try_get() {
+        let mut conn = match stage {
+            Stage::Idle => match self.pool().try_get() {
                 Some(c) => c,
                 None => return Ok(None),
+            },
+            // A short wait, so that one unhealthy node holds the round up by
+            // little. A Cluster node (failing fast) stops there: the next
+            // round finds the connection made meanwhile.
+            Stage::Short => match self.pool().get_timeout(FAST_CHECKOUT) {
+                Ok(c) => c,
+                Err(e) if self.fail_fast || self.unreachable() => return Err(Error::pool(e)),
+                Err(_) => return Ok(None),
+            },
+            Stage::Rest if self.unreachable() => {
+                return Err(Error::Pool(format!(
+                    "{} is unreachable (its last connection attempt failed)",
+                    self.manager.target.describe()
+                )))
             }
+            Stage::Rest => self.checkout(self.checkout_timeout.saturating_sub(FAST_CHECKOUT))?,
         };
         let sent = match &mut conn.link {
             Ok(link) => {
@@ -755,11 +761,27 @@ impl r2d2::HandleError<ManagerError> for WarnOnError {
     }
 }
 
+/// How a [`fan_out`] job gets its connection, stage by stage.
+#[derive(Clone, Copy)]
+enum Stage {
+    /// An idle pooled connection, or none.
+    Idle,
+    /// Up to [`FAST_CHECKOUT`].
+    Short,
+    /// The rest of the checkout timeout, unless the server is known
+    /// unreachable.
+    Rest,
+}
+
 /// A request sent by [`Redis::send_job`] whose replies are still to be read.
 struct InFlight {
     conn: r2d2::PooledConnection<Manager>,
     wait: Option<(u32, Duration)>,
 }
+
+/// What a [`fan_out`] job got: its replies (error replies as values) and
+/// what replica sync said.
+pub(crate) type Replies = Result<(Vec<Value>, Synced)>;
 
 /// One node's share of a [`fan_out`]: a packed pipeline of `count` commands.
 pub(crate) struct Job<'a> {
@@ -775,17 +797,18 @@ pub(crate) struct Job<'a> {
 /// (error replies as values) and what replica sync said; a failed job is not
 /// retried here. Each job's wait for its replies is bounded by its own
 /// connection's timeouts, which all started running at about the same time.
-pub(crate) fn fan_out(jobs: &[Job<'_>]) -> Vec<Result<(Vec<Value>, Synced)>> {
+pub(crate) fn fan_out(jobs: &[Job<'_>]) -> Vec<Replies> {
     // Nodes with an idle connection first: a node that is down (no valid
     // connection, new ones refused or hanging) costs its checkout timeout
     // only after the others' requests are out.
-    let mut sent: Vec<Option<Result<InFlight>>> = jobs
-        .iter()
-        .map(|j| j.redis.send_job(&j.packed, false).transpose())
-        .collect();
-    for (job, s) in jobs.iter().zip(sent.iter_mut()) {
-        if s.is_none() {
-            *s = job.redis.send_job(&job.packed, true).transpose();
+    // Then a short wait each for a connection, then the rest of the
+    // checkout budget for servers not known to be unreachable.
+    let mut sent: Vec<Option<Result<InFlight>>> = jobs.iter().map(|_| None).collect();
+    for stage in [Stage::Idle, Stage::Short, Stage::Rest] {
+        for (job, s) in jobs.iter().zip(sent.iter_mut()) {
+            if s.is_none() {
+                *s = job.redis.send_job(&job.packed, stage).transpose();
+            }
         }
     }
     let results: Vec<_> = jobs

@@ -67,6 +67,22 @@ pub enum Error {
         /// The lock's name.
         name: String,
     },
+    /// Too few masters of a [`RedLock`](crate::RedLock) answered for a
+    /// majority (the others failed: down, stopped, slow past the response
+    /// timeout, refusing): nothing was left held. The first member's error
+    /// is the [`source`](std::error::Error::source).
+    NoQuorum {
+        /// The member locks' names, comma-separated.
+        name: String,
+        /// Members (masters).
+        masters: usize,
+        /// Masters that answered.
+        answered: usize,
+        /// Majority needed.
+        needed: usize,
+        /// The first failed member's error.
+        first: Option<Box<Error>>,
+    },
 }
 
 impl Error {
@@ -120,7 +136,7 @@ impl Error {
     /// operation may succeed when retried later.
     #[must_use]
     pub fn is_connection_error(&self) -> bool {
-        self.maybe_applied() || matches!(self, Error::Pool(_))
+        self.maybe_applied() || matches!(self, Error::Pool(_) | Error::NoQuorum { .. })
     }
 
     /// `true` for [`Error::ReplicaSync`]: the master took the acquisition
@@ -253,6 +269,18 @@ impl fmt::Display for Error {
                 "lock {name:?} is no longer held by this thread: its lease ran out or it was \
                  deleted; do not act on what it protected, acquire it again"
             ),
+            Error::NoQuorum {
+                name,
+                masters,
+                answered,
+                needed,
+                ..
+            } => write!(
+                f,
+                "RedLock {name:?}: only {answered} of {masters} masters answered, {needed} \
+                 needed for a majority; bring masters back, or check their addresses and the \
+                 response timeout"
+            ),
         }
     }
 }
@@ -262,6 +290,7 @@ impl StdError for Error {
         match self {
             Error::Redis(e) => Some(e),
             Error::Thread(e) => Some(e),
+            Error::NoQuorum { first: Some(e), .. } => Some(e.as_ref()),
             _ => None,
         }
     }

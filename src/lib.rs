@@ -120,6 +120,7 @@ mod connection;
 mod error;
 mod guard;
 mod lock;
+mod multi;
 mod pubsub;
 mod router;
 mod scripts;
@@ -131,6 +132,7 @@ pub use crate::client::{Client, ClientBuilder, ClientStats};
 pub use crate::error::{Error, Result};
 pub use crate::guard::LockGuard;
 pub use crate::lock::{Lock, MAX_LEASE, MIN_RENEW_INTERVAL};
+pub use crate::multi::{MultiGuard, MultiLock, RedLock};
 
 // Every Rust block of the README compiles as a doctest.
 #[cfg(doctest)]

@@ -68,21 +68,21 @@ pub struct Lock {
     renew_interval: Option<Duration>,
 }
 
-enum Wait {
+pub(crate) enum Wait {
     No,
     Until(Instant),
     Forever,
 }
 
 impl Wait {
-    fn after(d: Duration) -> Wait {
+    pub(crate) fn after(d: Duration) -> Wait {
         match Instant::now().checked_add(d) {
             Some(at) => Wait::Until(at),
             None => Wait::Forever,
         }
     }
 
-    fn deadline(&self) -> Option<Instant> {
+    pub(crate) fn deadline(&self) -> Option<Instant> {
         match self {
             Wait::No => Some(Instant::now()),
             Wait::Until(at) => Some(*at),
@@ -92,15 +92,15 @@ impl Wait {
 }
 
 /// What one acquisition asks for.
-struct Terms {
-    lease_ms: u64,
+pub(crate) struct Terms {
+    pub(crate) lease_ms: u64,
     /// `Some(interval)` when the watchdog renews the lock.
-    renew: Option<Duration>,
+    pub(crate) renew: Option<Duration>,
 }
 
 /// An acquire request made ready: what [`Lock::prepare`] decided before
 /// its round trip.
-struct Request {
+pub(crate) struct Request {
     existing: Option<Arc<Hold>>,
     pending: Vec<Arc<Unsettled>>,
     field: String,
@@ -116,7 +116,7 @@ struct Request {
     sent: Instant,
 }
 
-enum Attempt {
+pub(crate) enum Attempt {
     Acquired(LockGuard),
     /// The holder's remaining lease (`None`: no lease set).
     Busy(Option<Duration>),
@@ -414,7 +414,7 @@ impl Lock {
         Ok(deleted == 1)
     }
 
-    fn router(&self) -> &Router {
+    pub(crate) fn router(&self) -> &Router {
         &self.client.shared.router
     }
 
@@ -437,7 +437,7 @@ impl Lock {
         Ok(())
     }
 
-    fn watchdog_terms(&self) -> Result<Terms> {
+    pub(crate) fn watchdog_terms(&self) -> Result<Terms> {
         self.check_name()?;
         let lease = self.client.shared.watchdog_timeout;
         let interval = match self.renew_interval {
@@ -464,7 +464,7 @@ impl Lock {
         })
     }
 
-    fn lease_terms(&self, lease: Duration) -> Result<Terms> {
+    pub(crate) fn lease_terms(&self, lease: Duration) -> Result<Terms> {
         self.check_name()?;
         check_lease("lease", lease)?;
         Ok(Terms {
@@ -517,7 +517,7 @@ impl Lock {
     }
 
     /// Subscribes to this lock's release channel on the node serving it.
-    fn subscribe(&self, deadline: Option<Instant>) -> Result<Subscription> {
+    pub(crate) fn subscribe(&self, deadline: Option<Instant>) -> Result<Subscription> {
         let node = self.router().node(&self.channel)?;
         node.pubsub.subscribe(&self.channel, &self.name, deadline)
     }
@@ -585,7 +585,7 @@ impl Lock {
 
     /// Everything an acquire request decides before its round trip; marks
     /// an existing hold's bound as what the request may set.
-    fn prepare(&self, terms: &Terms) -> Request {
+    pub(crate) fn prepare(&self, terms: &Terms) -> Request {
         let shared = &self.client.shared;
         let (existing, pending) = owner_state(shared.id, &self.name);
         let field = existing
@@ -628,8 +628,31 @@ impl Lock {
         }
     }
 
+    /// The acquire command of `request` (EVALSHA), for a round trip shared
+    /// with other requests.
+    pub(crate) fn command(&self, r: &Request) -> redis::Cmd {
+        scripts::acquire_command(
+            self.lock_ref(r),
+            &r.marker,
+            &keys(&r.pending),
+            r.lease_ms,
+            r.held + 1,
+            r.n,
+        )
+    }
+
+    /// Its release channel.
+    pub(crate) fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    /// The client this lock belongs to.
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
     /// Sends `request` on its own (one round trip, routed).
-    fn send(&self, r: &Request) -> Result<(Option<i64>, Synced)> {
+    pub(crate) fn send(&self, r: &Request) -> Result<(Option<i64>, Synced)> {
         let lock = self.lock_ref(r);
         self.router().run_synced(&self.name, |conn| {
             scripts::acquire(
@@ -648,7 +671,7 @@ impl Lock {
     /// watched), busy, or an error after which nothing stays held in the
     /// caller's name (an acquisition that may have run is undone in the
     /// background).
-    fn finish(
+    pub(crate) fn finish(
         &self,
         terms: &Terms,
         r: Request,

@@ -47,7 +47,7 @@ use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
@@ -171,6 +171,47 @@ struct LatchState {
     /// Set when the channel left this node (Cluster): `Some(addr)` when
     /// Redis named the node that has it now.
     moved: Option<Option<String>>,
+    /// Waiters of several locks at once (RedLock, MultiLock), told of any
+    /// change of this latch.
+    watchers: Vec<Weak<Notify>>,
+}
+
+impl LatchState {
+    fn tell_watchers(&mut self) {
+        self.watchers.retain(|w| match w.upgrade() {
+            Some(n) => {
+                n.notify();
+                true
+            }
+            None => false,
+        });
+    }
+}
+
+/// Wakes a thread that waits for any of several subscriptions (see
+/// [`Subscription::watch`]).
+#[derive(Default)]
+pub(crate) struct Notify {
+    woken: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Notify {
+    fn notify(&self) {
+        *self.woken.lock() = true;
+        self.cv.notify_all();
+    }
+
+    /// Waits until notified or `until`; `true` if notified (and clears it).
+    pub(crate) fn wait_until(&self, until: Instant) -> bool {
+        let mut woken = self.woken.lock();
+        while !*woken {
+            if self.cv.wait_until(&mut woken, until).timed_out() {
+                break;
+            }
+        }
+        std::mem::replace(&mut *woken, false)
+    }
 }
 
 impl Latch {
@@ -181,6 +222,7 @@ impl Latch {
                 permits: 0,
                 failed: None,
                 moved: None,
+                watchers: Vec::new(),
             }),
             wake: Condvar::new(),
         }
@@ -197,18 +239,21 @@ impl Latch {
             state.permits = (state.permits + 1).min(cap);
             self.wake.notify_one();
         }
+        state.tell_watchers();
     }
 
     fn moved(&self, to: Option<&str>) {
         let mut state = self.state.lock();
         state.moved = Some(to.map(str::to_owned));
         self.wake.notify_all();
+        state.tell_watchers();
     }
 
     fn fail(&self, e: &redis::RedisError) {
         let mut state = self.state.lock();
         state.failed = Some(e.clone());
         self.wake.notify_all();
+        state.tell_watchers();
     }
 }
 
@@ -555,6 +600,37 @@ impl Subscription {
                 }
             }
         }
+    }
+
+    /// Has `notify` told of every change of this subscription (a release
+    /// message, a reconnect, a move, a refusal), for a thread that waits for
+    /// any of several; it then calls [`try_take`](Subscription::try_take).
+    pub(crate) fn watch(&self, notify: &Arc<Notify>) {
+        let mut state = self.latch.state.lock();
+        state.watchers.retain(|w| w.strong_count() > 0);
+        state.watchers.push(Arc::downgrade(notify));
+        if state.permits > 0 || state.moved.is_some() || state.failed.is_some() {
+            notify.notify();
+        }
+    }
+
+    /// [`wait_until`](Subscription::wait_until) without waiting: `None` if
+    /// nothing happened.
+    pub(crate) fn try_take(&self) -> Result<Option<Wake>> {
+        self.held.set(false);
+        let mut state = self.latch.state.lock();
+        if let Some(e) = &state.failed {
+            return Err(Error::Redis(e.clone()));
+        }
+        if let Some(to) = &state.moved {
+            return Ok(Some(Wake::Moved(to.clone())));
+        }
+        if state.permits > 0 {
+            state.permits -= 1;
+            self.held.set(true);
+            return Ok(Some(Wake::Woken));
+        }
+        Ok(None)
     }
 
     /// The retry after the last wake-up got an answer: nothing to pass on.

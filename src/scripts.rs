@@ -90,7 +90,6 @@ pub(crate) struct LockRef<'a> {
 /// holder's PTTL. `unsettled` are keys of the owner's requests whose reply
 /// was lost, set first (see `guard::Unsettled`); `gen` is the request's id,
 /// the hold's new generation.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn acquire(
     conn: &mut crate::transport::Connection,
     lock: LockRef<'_>,
@@ -100,7 +99,34 @@ pub(crate) fn acquire(
     count: u32,
     gen: u64,
 ) -> RedisResult<Option<i64>> {
-    ACQUIRE.run(conn, 2 + unsettled.len(), |cmd| {
+    let fill = acquire_args(lock, marker, unsettled, lease_ms, count, gen);
+    ACQUIRE.run(conn, 2 + unsettled.len(), fill)
+}
+
+/// [`acquire`]'s EVALSHA command, for a round trip shared with other
+/// requests.
+pub(crate) fn acquire_command(
+    lock: LockRef<'_>,
+    marker: &str,
+    unsettled: &[&str],
+    lease_ms: u64,
+    count: u32,
+    gen: u64,
+) -> Cmd {
+    let fill = acquire_args(lock, marker, unsettled, lease_ms, count, gen);
+    ACQUIRE.evalsha(2 + unsettled.len(), 512, fill)
+}
+
+/// acquire.lua's keys and arguments.
+fn acquire_args<'a>(
+    lock: LockRef<'a>,
+    marker: &'a str,
+    unsettled: &'a [&'a str],
+    lease_ms: u64,
+    count: u32,
+    gen: u64,
+) -> impl Fn(&mut Cmd) + 'a {
+    move |cmd: &mut Cmd| {
         cmd.arg(lock.name).arg(marker);
         for key in unsettled {
             cmd.arg(*key);
@@ -109,7 +135,7 @@ pub(crate) fn acquire(
         if !unsettled.is_empty() {
             cmd.arg(LATE_REQUEST_WINDOW_MS);
         }
-    })
+    }
 }
 
 /// release.lua: `None` when the owner's field is gone, `Some(0)` when holds

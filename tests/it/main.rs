@@ -19,6 +19,7 @@ mod faults_restart;
 mod faults_stall;
 mod lock;
 mod redisson_interop;
+mod redlock;
 mod replica_sync;
 mod sentinel;
 mod support_selftest;

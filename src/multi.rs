@@ -1,0 +1,604 @@
+//! Locks over several member locks: [`RedLock`] (a majority of independent
+//! masters) and [`MultiLock`] (all members or none).
+//!
+//! Both are built on the members' own machinery: each member is a
+//! [`Lock`] of its own client, acquired with that lock's scripts, hold
+//! bookkeeping, lost-reply settling and watchdog. What is shared here is the
+//! round: every member's acquire request is sent before any reply is read
+//! ([`fan_out`]), so an attempt costs about one round trip of the slowest
+//! master, not one per member; a failed round gives back at once whatever it
+//! took (or may have taken: lost replies are settled by the members'
+//! clients); waiting is by pub/sub on every member's release channel, any of
+//! which wakes the waiter, bounded by the holders' leases.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::connection::{fan_out, Job, Replies};
+use crate::error::{Error, Result};
+use crate::guard::LockGuard;
+use crate::lock::{Attempt, Lock, Request, Terms, Wait};
+use crate::pubsub::{Notify, Subscription, Wake};
+use crate::watchdog::jitter;
+
+/// A lock on a majority of independent Redis masters: the RedLock algorithm
+/// (see the README for what it does and does not guarantee).
+///
+/// Each member is a [`Lock`] on its own [`Client`](crate::Client), one per
+/// master. An acquisition sends its request to every master at once and
+/// holds when at least `n / 2 + 1` members were taken while the time spent
+/// stays inside the lease: validity = lease − elapsed − drift, with drift =
+/// 1 % of the lease + 2 ms (the Redis documentation's figure). Otherwise
+/// every member taken is released at once and the attempt has failed. A busy
+/// RedLock is waited for by pub/sub on every member's release channel, with a
+/// random back-off after a split vote.
+///
+/// ```no_run
+/// # fn main() -> redlease::Result<()> {
+/// let masters = ["redis://10.0.0.1/", "redis://10.0.0.2/", "redis://10.0.0.3/"];
+/// let clients = masters
+///     .iter()
+///     .map(|url| redlease::Client::open(*url))
+///     .collect::<redlease::Result<Vec<_>>>()?;
+/// let red = redlease::RedLock::new(clients.iter().map(|c| c.lock("orders:42")).collect())?;
+/// if let Some(guard) = red.try_lock_for(std::time::Duration::from_secs(2))? {
+///     guard.ensure_held()?; // a majority still held, within its validity
+///     // ... work ...
+///     guard.unlock()?;
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+#[must_use = "a RedLock does nothing until one of its methods is called"]
+pub struct RedLock {
+    group: Group,
+}
+
+/// A lock on all of its members or none (Redisson's `RedissonMultiLock`):
+/// several locks, on one client or several, taken together.
+///
+/// An attempt sends every member's request at once; if any member is busy,
+/// every member taken is released at once (no member is held while waiting
+/// for another, so two threads taking overlapping sets in opposite orders
+/// cannot deadlock, and a random back-off keeps them from livelocking). A
+/// busy `MultiLock` is waited for by pub/sub on every member's release
+/// channel.
+///
+/// ```no_run
+/// # fn main() -> redlease::Result<()> {
+/// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+/// let both = redlease::MultiLock::new(vec![client.lock("account:1"), client.lock("account:2")])?;
+/// let guard = both.lock()?;
+/// // ... move money between the two accounts ...
+/// guard.unlock()?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+#[must_use = "a MultiLock does nothing until one of its methods is called"]
+pub struct MultiLock {
+    group: Group,
+}
+
+#[derive(Clone)]
+struct Group {
+    members: Vec<Lock>,
+    /// Members needed: a majority (RedLock) or all (MultiLock).
+    needed: usize,
+    redlock: bool,
+}
+
+/// The longest random back-off after a round that took some members but not
+/// enough (contenders splitting the members between them).
+const MAX_BACKOFF: Duration = Duration::from_millis(100);
+
+/// When waiting for a holder that set no lease, re-check at least this often.
+const NO_TTL_RECHECK: Duration = Duration::from_secs(1);
+
+macro_rules! acquire_methods {
+    () => {
+        /// Acquires, waiting as long as it takes; the members' watchdogs
+        /// renew them until the guard is released.
+        ///
+        /// # Errors
+        ///
+        /// Redis errors and [`Error::NoQuorum`] as for
+        /// [`try_lock`](Self::try_lock).
+        pub fn lock(&self) -> Result<MultiGuard> {
+            let guard = self.group.acquire(Wait::Forever, None)?;
+            guard.ok_or_else(|| Error::invalid("a wait without deadline ended without the lock"))
+        }
+
+        /// One attempt, no waiting: `None` if busy.
+        ///
+        /// # Errors
+        ///
+        /// A MultiLock: the first member's error (nothing stays held). A
+        /// RedLock: [`Error::NoQuorum`] when too few masters answered for a
+        /// majority.
+        pub fn try_lock(&self) -> Result<Option<MultiGuard>> {
+            self.group.acquire(Wait::No, None)
+        }
+
+        /// Waits up to `wait`.
+        ///
+        /// # Errors
+        ///
+        /// As for [`try_lock`](Self::try_lock).
+        pub fn try_lock_for(&self, wait: Duration) -> Result<Option<MultiGuard>> {
+            self.group.acquire(Wait::after(wait), None)
+        }
+
+        /// Waits until `deadline`.
+        ///
+        /// # Errors
+        ///
+        /// As for [`try_lock`](Self::try_lock).
+        pub fn try_lock_until(&self, deadline: Instant) -> Result<Option<MultiGuard>> {
+            self.group.acquire(Wait::Until(deadline), None)
+        }
+
+        /// Acquires with a fixed `lease` (never renewed), waiting as long as
+        /// it takes.
+        ///
+        /// # Errors
+        ///
+        /// As for [`lock`](Self::lock), and [`Error::InvalidArgument`] for a
+        /// lease out of range.
+        pub fn lock_with_lease(&self, lease: Duration) -> Result<MultiGuard> {
+            let guard = self.group.acquire(Wait::Forever, Some(lease))?;
+            guard.ok_or_else(|| Error::invalid("a wait without deadline ended without the lock"))
+        }
+
+        /// Waits up to `wait` for the lock, then holds it for `lease`.
+        ///
+        /// # Errors
+        ///
+        /// As for [`lock_with_lease`](Self::lock_with_lease).
+        pub fn try_lock_with_lease(
+            &self,
+            wait: Duration,
+            lease: Duration,
+        ) -> Result<Option<MultiGuard>> {
+            self.group.acquire(Wait::after(wait), Some(lease))
+        }
+
+        /// The member locks.
+        pub fn members(&self) -> &[Lock] {
+            &self.group.members
+        }
+    };
+}
+
+impl RedLock {
+    /// A RedLock over `members`, each on its own client (master).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for an empty list, or for two members on
+    /// the same client (a majority of one server is no majority).
+    pub fn new(members: Vec<Lock>) -> Result<RedLock> {
+        if members.is_empty() {
+            return Err(Error::invalid(
+                "a RedLock needs member locks: pass one lock per master (three or more)",
+            ));
+        }
+        for (i, a) in members.iter().enumerate() {
+            if members[i + 1..]
+                .iter()
+                .any(|b| Arc::ptr_eq(&a.client().shared, &b.client().shared))
+            {
+                return Err(Error::invalid(format!(
+                    "two members of a RedLock share a client ({:?}): give each member its \
+                     own client, one per independent master",
+                    a.name()
+                )));
+            }
+        }
+        let needed = members.len() / 2 + 1;
+        Ok(RedLock {
+            group: Group {
+                members,
+                needed,
+                redlock: true,
+            },
+        })
+    }
+
+    /// Members that must be held: `n / 2 + 1`.
+    #[must_use]
+    pub fn quorum(&self) -> usize {
+        self.group.needed
+    }
+
+    acquire_methods!();
+}
+
+impl MultiLock {
+    /// A MultiLock over `members` (on one client or several).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for an empty list.
+    pub fn new(members: Vec<Lock>) -> Result<MultiLock> {
+        if members.is_empty() {
+            return Err(Error::invalid(
+                "a MultiLock needs member locks: pass the locks to take together",
+            ));
+        }
+        let needed = members.len();
+        Ok(MultiLock {
+            group: Group {
+                members,
+                needed,
+                redlock: false,
+            },
+        })
+    }
+
+    acquire_methods!();
+}
+
+/// What one round gave.
+struct Round {
+    guards: Vec<LockGuard>,
+    /// Busy members and their holders' remaining leases.
+    busy: Vec<(usize, Option<Duration>)>,
+    errors: Vec<(usize, Error)>,
+    /// When the round's requests went out.
+    sent: Instant,
+}
+
+impl Group {
+    /// The name of the whole, for errors.
+    fn name(&self) -> String {
+        let mut names: Vec<&str> = Vec::new();
+        for m in &self.members {
+            if !names.contains(&m.name()) {
+                names.push(m.name());
+            }
+        }
+        names.join(",")
+    }
+
+    fn terms(&self, lease: Option<Duration>) -> Result<Vec<Terms>> {
+        self.members
+            .iter()
+            .map(|m| match lease {
+                Some(l) => m.lease_terms(l),
+                None => m.watchdog_terms(),
+            })
+            .collect()
+    }
+
+    /// The acquire loop: a round; if it fails for want of members, give
+    /// back what it took, subscribe to every member's channel, and wait for
+    /// a release (or the earliest holder's lease) before the next round.
+    fn acquire(&self, wait: Wait, lease: Option<Duration>) -> Result<Option<MultiGuard>> {
+        let terms = self.terms(lease)?;
+        let deadline = wait.deadline();
+        let notify = Arc::new(Notify::default());
+        let mut subs: Vec<Option<Subscription>> = self.members.iter().map(|_| None).collect();
+        let mut backoff = Duration::from_millis(5);
+        loop {
+            let round = self.round(&terms);
+            for s in subs.iter().flatten() {
+                s.used();
+            }
+            match self.settle_round(round, &terms)? {
+                Ok(guard) => return Ok(Some(guard)),
+                Err((split, busy)) => {
+                    let now = Instant::now();
+                    if deadline.is_some_and(|d| now >= d) {
+                        return Ok(None);
+                    }
+                    // Subscribed from the first failed round on, then a round
+                    // before any wait: a release between the failed round
+                    // and the subscription is seen by that round.
+                    let mut subscribed = false;
+                    for (i, m) in self.members.iter().enumerate() {
+                        if subs[i].is_none() {
+                            let s = m.subscribe(deadline)?;
+                            s.watch(&notify);
+                            subs[i] = Some(s);
+                            subscribed = true;
+                        }
+                    }
+                    if subscribed {
+                        continue;
+                    }
+                    if split {
+                        // Contenders took some members each: step aside for
+                        // a random while so that one of them wins the next
+                        // round.
+                        let pause = jitter(backoff, 1.0);
+                        backoff = (backoff * 2).min(MAX_BACKOFF);
+                        let pause = match deadline {
+                            Some(d) => pause.min(d.saturating_duration_since(now)),
+                            None => pause,
+                        };
+                        std::thread::sleep(pause);
+                    }
+                    // Bounded by the holders' leases: a crashed holder
+                    // publishes nothing.
+                    let ttl = busy.unwrap_or(NO_TTL_RECHECK).max(Duration::from_millis(1));
+                    let now = Instant::now();
+                    let mut until = now.checked_add(ttl).unwrap_or(now + NO_TTL_RECHECK);
+                    if let Some(d) = deadline {
+                        until = until.min(d);
+                    }
+                    notify.wait_until(until);
+                    for (i, m) in self.members.iter().enumerate() {
+                        let moved = match &subs[i] {
+                            Some(s) => matches!(s.try_take()?, Some(Wake::Moved(_))),
+                            None => false,
+                        };
+                        if moved {
+                            // The channel's slot moved or its node failed
+                            // (Cluster): subscribe where it is now.
+                            subs[i] = None;
+                            m.router().channel_moved(m.channel(), None);
+                            let s = m.subscribe(deadline)?;
+                            s.watch(&notify);
+                            subs[i] = Some(s);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// One round: every member's request sent before any reply is read.
+    fn round(&self, terms: &[Terms]) -> Round {
+        let sent = Instant::now();
+        let requests: Vec<Request> = self
+            .members
+            .iter()
+            .zip(terms)
+            .map(|(m, t)| m.prepare(t))
+            .collect();
+        let nodes: Vec<_> = self
+            .members
+            .iter()
+            .map(|m| m.router().node(m.name()))
+            .collect();
+        let mut jobs = Vec::with_capacity(self.members.len());
+        let mut job_of = Vec::with_capacity(self.members.len());
+        for ((m, r), node) in self.members.iter().zip(&requests).zip(&nodes) {
+            match node {
+                Ok(node) => {
+                    job_of.push(Some(jobs.len()));
+                    jobs.push(Job {
+                        redis: &node.redis,
+                        packed: m.command(r).get_packed_command(),
+                        count: 1,
+                    });
+                }
+                Err(_) => job_of.push(None),
+            }
+        }
+        let mut results: Vec<Option<Replies>> = fan_out(&jobs).into_iter().map(Some).collect();
+        let mut round = Round {
+            guards: Vec::new(),
+            busy: Vec::new(),
+            errors: Vec::new(),
+            sent,
+        };
+        for (i, ((m, r), t)) in self.members.iter().zip(requests).zip(terms).enumerate() {
+            let reply = match (job_of[i], &nodes[i]) {
+                (Some(j), _) => match results[j].take() {
+                    Some(Ok((values, synced))) => match values.into_iter().next() {
+                        Some(redis::Value::Nil) => Ok((None, synced)),
+                        Some(redis::Value::Int(ttl)) => Ok((Some(ttl), synced)),
+                        // Not run there and then (script cache lost, slot
+                        // moved or migrating, a passing refusal): once more
+                        // on its own, routed.
+                        Some(redis::Value::ServerError(e))
+                            if matches!(
+                                e.code(),
+                                "NOSCRIPT" | "MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN"
+                            ) =>
+                        {
+                            m.send(&r)
+                        }
+                        Some(redis::Value::ServerError(e)) => Err(Error::Redis(e.into())),
+                        _ => Err(Error::Redis(redis::RedisError::from((
+                            redis::ErrorKind::Parse,
+                            "unexpected reply to the acquire script",
+                        )))),
+                    },
+                    Some(Err(e)) => Err(e),
+                    None => Err(Error::invalid("a reply was read twice")),
+                },
+                (None, Err(e)) => Err(Error::Redis(redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "no node for the lock",
+                    e.to_string(),
+                )))),
+                (None, Ok(_)) => Err(Error::invalid("a request was not sent")),
+            };
+            match m.finish(t, r, reply) {
+                Ok(Attempt::Acquired(g)) => round.guards.push(g),
+                Ok(Attempt::Busy(ttl)) => round.busy.push((i, ttl)),
+                Err(e) => round.errors.push((i, e)),
+            }
+        }
+        round
+    }
+
+    /// Decides a round: `Ok(guard)` when it holds; else what it took is
+    /// released, and `Err((split, ttl))` says whether it had taken some
+    /// members (contenders split them) and the earliest busy holder's lease.
+    /// An error when a MultiLock member failed, or too few RedLock masters
+    /// answered.
+    #[allow(clippy::type_complexity)]
+    fn settle_round(
+        &self,
+        round: Round,
+        terms: &[Terms],
+    ) -> Result<std::result::Result<MultiGuard, (bool, Option<Duration>)>> {
+        let n = self.members.len();
+        let lease_ms = terms.iter().map(|t| t.lease_ms).min().unwrap_or(0);
+        let lease = Duration::from_millis(lease_ms);
+        let drift = lease / 100 + Duration::from_millis(2);
+        let elapsed = round.sent.elapsed();
+        let valid_until = round.sent + lease.saturating_sub(drift);
+        let in_time = !self.redlock || elapsed + drift < lease;
+        if round.guards.len() >= self.needed && in_time {
+            return Ok(Ok(MultiGuard {
+                guards: round.guards,
+                members: n,
+                needed: self.needed,
+                valid_until: self.redlock.then_some(valid_until),
+                name: self.name(),
+            }));
+        }
+        let split = !round.guards.is_empty();
+        // Give back what the round took (a release that fails is completed
+        // by its client in the background).
+        if let Err(e) = release_all(round.guards) {
+            log::debug!(
+                "redlease: giving back {:?} after a failed round: {e}",
+                self.name()
+            );
+        }
+        let answered = n - round.errors.len();
+        let mut errors = round.errors.into_iter().map(|(_, e)| e);
+        if !self.redlock {
+            if let Some(e) = errors.next() {
+                return Err(e);
+            }
+        } else if answered < self.needed {
+            return Err(Error::NoQuorum {
+                name: self.name(),
+                masters: n,
+                answered,
+                needed: self.needed,
+                first: errors.next().map(Box::new),
+            });
+        }
+        let ttl = round.busy.iter().filter_map(|(_, t)| *t).min();
+        Ok(Err((split, ttl)))
+    }
+}
+
+/// Releases `guards`, attempting every one; the first error.
+fn release_all(guards: Vec<LockGuard>) -> Result<()> {
+    let mut first = None;
+    for g in guards {
+        if let Err(e) = g.unlock() {
+            first.get_or_insert(e);
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
+/// A held [`RedLock`] or [`MultiLock`]: the member guards it took. Releases
+/// every member on drop.
+#[must_use = "if unused the lock is released at once"]
+pub struct MultiGuard {
+    guards: Vec<LockGuard>,
+    members: usize,
+    needed: usize,
+    /// A RedLock's validity: the acquisition's send time plus the lease less
+    /// the clock drift allowance (renewals extend the members, not this).
+    valid_until: Option<Instant>,
+    name: String,
+}
+
+impl MultiGuard {
+    /// Members held now (not lost, inside their confirmed lease).
+    #[must_use]
+    pub fn held(&self) -> usize {
+        self.guards.iter().filter(|g| !g.is_lost()).count()
+    }
+
+    /// Members the lock needs held: all for a MultiLock, a majority for a
+    /// RedLock.
+    #[must_use]
+    pub fn needed(&self) -> usize {
+        self.needed
+    }
+
+    /// Members of the lock.
+    #[must_use]
+    pub fn members(&self) -> usize {
+        self.members
+    }
+
+    /// `true` once fewer members than needed are held: a RedLock that lost
+    /// its majority (members lost, or not renewed in time), a MultiLock that
+    /// lost any member.
+    #[must_use]
+    pub fn is_lost(&self) -> bool {
+        self.held() < self.needed
+    }
+
+    /// Checks, without a round trip, that enough members are held.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LockLost`] when [`is_lost`](Self::is_lost) is true.
+    pub fn ensure_held(&self) -> Result<()> {
+        if self.is_lost() {
+            return Err(Error::LockLost {
+                name: self.name.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// A RedLock's validity as the algorithm defines it at acquisition
+    /// (send time + lease − drift); `None` for a MultiLock.
+    #[must_use]
+    pub fn acquired_validity(&self) -> Option<Instant> {
+        self.valid_until
+    }
+
+    /// Releases every member, attempting each; reports the first error (a
+    /// member whose release failed is completed in the background by its
+    /// client).
+    ///
+    /// # Errors
+    ///
+    /// The first member's error, as for [`LockGuard::unlock`].
+    pub fn unlock(mut self) -> Result<()> {
+        release_all(std::mem::take(&mut self.guards))
+    }
+}
+
+impl Drop for MultiGuard {
+    fn drop(&mut self) {
+        if let Err(e) = release_all(std::mem::take(&mut self.guards)) {
+            log::warn!("redlease: releasing {:?} on drop failed: {e}", self.name);
+        }
+    }
+}
+
+impl fmt::Debug for MultiGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MultiGuard")
+            .field("name", &self.name)
+            .field("members", &self.members)
+            .field("needed", &self.needed)
+            .field("held", &self.held())
+            .finish()
+    }
+}
+
+impl fmt::Debug for RedLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedLock")
+            .field("members", &self.group.name())
+            .field("quorum", &self.group.needed)
+            .finish()
+    }
+}
+
+impl fmt::Debug for MultiLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MultiLock")
+            .field("members", &self.group.name())
+            .finish()
+    }
+}

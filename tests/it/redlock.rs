@@ -1,0 +1,285 @@
+//! RedLock over independent masters and MultiLock: quorum, one round trip to
+//! all masters, waits by pub/sub, masters down, all-or-nothing, opposite
+//! orders, the members' watchdogs.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::support::{wait_until, Proxy, RedisServer};
+use redlease::{Client, MultiLock, RedLock};
+
+const WAIT: Duration = Duration::from_secs(20);
+/// Leases here are 30 s: only a release message explains a hand-off inside
+/// this.
+const HANDOFF_BOUND: Duration = Duration::from_secs(5);
+
+fn masters(n: usize) -> Vec<RedisServer> {
+    (0..n).map(|_| RedisServer::start()).collect()
+}
+
+fn clients(urls: &[String]) -> Vec<Client> {
+    urls.iter()
+        .map(|u| {
+            Client::builder(u.as_str())
+                .response_timeout(Duration::from_millis(500))
+                .connection_timeout(Duration::from_millis(500))
+                .sync_replicas(0, Duration::ZERO)
+                .build_lazy()
+                .expect("client")
+        })
+        .collect()
+}
+
+fn urls(servers: &[RedisServer]) -> Vec<String> {
+    servers.iter().map(RedisServer::url).collect()
+}
+
+fn red(clients: &[Client], name: &str) -> RedLock {
+    RedLock::new(clients.iter().map(|c| c.lock(name)).collect()).expect("RedLock")
+}
+
+#[test]
+fn redlock_excludes_reenters_and_releases_on_every_master() {
+    let servers = masters(3);
+    let (a, b) = (clients(&urls(&servers)), clients(&urls(&servers)));
+    let ra = red(&a, "red:1");
+    assert_eq!(ra.quorum(), 2);
+    // Connections made and scripts loaded.
+    ra.lock().expect("warm").unlock().expect("unlock");
+    let before: Vec<u64> = a.iter().map(|c| c.stats().round_trips).collect();
+    let g = ra.lock().expect("lock");
+    let after: Vec<u64> = a.iter().map(|c| c.stats().round_trips).collect();
+    for (x, y) in before.iter().zip(&after) {
+        assert_eq!(y - x, 1, "one acquire request per master");
+    }
+    assert_eq!(g.held(), 3);
+    for s in &servers {
+        assert_eq!(s.cmd(&["EXISTS", "red:1"]), "1", "held on every master");
+    }
+    assert!(red(&b, "red:1").try_lock().expect("try_lock").is_none());
+    let again = ra.lock().expect("re-entry");
+    assert_eq!(a[0].lock("red:1").hold_count().expect("count"), 2);
+    drop(again);
+    g.ensure_held().expect("still held");
+    g.unlock().expect("unlock");
+    for s in &servers {
+        assert_eq!(s.cmd(&["EXISTS", "red:1"]), "0", "released everywhere");
+    }
+    assert!(red(&b, "red:1").try_lock().expect("try_lock").is_some());
+}
+
+#[test]
+fn redlock_waiter_is_woken_by_a_release() {
+    let servers = masters(3);
+    let (a, b) = (clients(&urls(&servers)), clients(&urls(&servers)));
+    let g = red(&a, "red:wait").lock().expect("lock");
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let got = red(&b, "red:wait")
+            .try_lock_for(WAIT)
+            .expect("waiter")
+            .map(|g| (Instant::now(), g.held()));
+        tx.send(got).expect("report");
+    });
+    wait_until("the waiter to subscribe", WAIT, || {
+        servers[0].subscribers("redisson_lock__channel:{red:wait}") == 1
+    });
+    let released = Instant::now();
+    g.unlock().expect("unlock");
+    let (at, held) = rx.recv_timeout(WAIT).expect("report").expect("acquired");
+    // A majority at least: the waiter may have gone as soon as two of the
+    // three members were released.
+    assert!(held >= 2, "{held} members held");
+    let took = at.duration_since(released);
+    println!("RedLock hand-off: {took:?}");
+    assert!(took < HANDOFF_BOUND, "woken by a release ({took:?})");
+}
+
+/// One round trip to all masters: with every master 100 ms away, an
+/// acquisition takes about one such round trip, not three.
+#[test]
+fn redlock_sends_to_all_masters_before_reading_any_reply() {
+    let servers = masters(3);
+    let proxies: Vec<Proxy> = servers.iter().map(|s| Proxy::start(s.addr())).collect();
+    let urls: Vec<String> = proxies.iter().map(Proxy::url).collect();
+    let a: Vec<Client> = urls
+        .iter()
+        .map(|u| {
+            Client::builder(u.as_str())
+                .response_timeout(Duration::from_secs(2))
+                .build()
+                .expect("client")
+        })
+        .collect();
+    let ra = red(&a, "red:rtt");
+    // Warm: connections and scripts.
+    ra.try_lock_with_lease(Duration::ZERO, Duration::from_secs(30))
+        .expect("warm")
+        .expect("free")
+        .unlock()
+        .expect("unlock");
+    for p in &proxies {
+        p.set_delay(Duration::from_millis(50)); // ~100 ms per round trip
+    }
+    let started = Instant::now();
+    let g = ra
+        .try_lock_with_lease(Duration::ZERO, Duration::from_secs(30))
+        .expect("try_lock")
+        .expect("free");
+    let took = started.elapsed();
+    println!("RedLock over 3 masters 100 ms away: acquired in {took:?}");
+    assert!(
+        took < Duration::from_millis(250),
+        "one round trip to all masters, not one after another ({took:?})"
+    );
+    for p in &proxies {
+        p.set_delay(Duration::ZERO);
+    }
+    g.unlock().expect("unlock");
+}
+
+#[test]
+fn redlock_holds_with_two_of_five_masters_down_and_not_with_three() {
+    let servers = masters(5);
+    let (a, b) = (clients(&urls(&servers)), clients(&urls(&servers)));
+    servers[0].kill();
+    servers[1].kill();
+    let ra = red(&a, "red:down");
+    let g = ra
+        .try_lock_for(Duration::from_secs(5))
+        .expect("3 of 5 answer")
+        .expect("a majority is free");
+    assert_eq!(g.held(), 3);
+    assert_eq!(g.needed(), 3);
+    assert!(red(&b, "red:down").try_lock().expect("busy").is_none());
+    g.unlock().expect("unlock");
+    servers[2].kill();
+    let started = Instant::now();
+    let e = ra
+        .try_lock_for(Duration::from_secs(2))
+        .expect_err("2 of 5 answer: no majority");
+    let took = started.elapsed();
+    println!("no quorum after {took:?}: {e}");
+    assert!(
+        matches!(
+            e,
+            redlease::Error::NoQuorum {
+                answered: 2,
+                needed: 3,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(e.is_connection_error());
+    assert!(took < Duration::from_secs(3), "no hang ({took:?})");
+    for s in &servers[3..] {
+        assert_eq!(s.cmd(&["EXISTS", "red:down"]), "0", "nothing left held");
+    }
+}
+
+#[test]
+fn bad_member_lists_are_refused() {
+    let srv = RedisServer::start();
+    let c = Client::builder(srv.url()).build_lazy().expect("client");
+    let e = RedLock::new(Vec::new()).expect_err("empty");
+    assert!(e.is_invalid_argument(), "{e}");
+    let e = RedLock::new(vec![c.lock("x"), c.lock("x"), c.clone().lock("x")])
+        .expect_err("members sharing a client");
+    assert!(e.to_string().contains("share a client"), "{e}");
+    let e = MultiLock::new(Vec::new()).expect_err("empty");
+    assert!(e.is_invalid_argument(), "{e}");
+}
+
+#[test]
+fn multilock_is_all_or_nothing() {
+    let srv = RedisServer::start();
+    let c = Client::open(srv.url()).expect("client");
+    let other = Client::open(srv.url()).expect("client");
+    let held = other.lock("multi:b").lock().expect("lock");
+    let multi = MultiLock::new(vec![
+        c.lock("multi:a"),
+        c.lock("multi:b"),
+        c.lock("multi:c"),
+    ])
+    .unwrap();
+    assert!(multi.try_lock().expect("try_lock").is_none());
+    assert!(multi
+        .try_lock_for(Duration::from_millis(300))
+        .expect("try_lock_for")
+        .is_none());
+    for name in ["multi:a", "multi:c"] {
+        assert_eq!(srv.cmd(&["EXISTS", name]), "0", "{name} not left held");
+    }
+    // A waiter takes all three once the busy one is released.
+    let (tx, rx) = mpsc::channel();
+    let m = multi.clone();
+    thread::spawn(move || {
+        let got = m.try_lock_for(WAIT).expect("waiter").map(|g| g.held());
+        tx.send((Instant::now(), got)).expect("report");
+    });
+    wait_until("the waiter to subscribe", WAIT, || {
+        srv.subscribers("redisson_lock__channel:{multi:b}") == 1
+    });
+    let released = Instant::now();
+    drop(held);
+    let (at, got) = rx.recv_timeout(WAIT).expect("report");
+    assert_eq!(got, Some(3));
+    assert!(at.duration_since(released) < HANDOFF_BOUND);
+}
+
+/// Two threads taking overlapping sets in opposite orders both make
+/// progress, and never overlap.
+#[test]
+fn multilock_opposite_orders_complete_without_deadlock() {
+    let srv = RedisServer::start();
+    let inside = Arc::new(AtomicBool::new(false));
+    let overlaps = Arc::new(AtomicU32::new(0));
+    let (tx, rx) = mpsc::channel();
+    for order in [["mx:a", "mx:b"], ["mx:b", "mx:a"]] {
+        let c = Client::open(srv.url()).expect("client");
+        let (inside, overlaps, tx) = (Arc::clone(&inside), Arc::clone(&overlaps), tx.clone());
+        thread::spawn(move || {
+            let multi = MultiLock::new(order.iter().map(|n| c.lock(*n)).collect()).unwrap();
+            for _ in 0..200 {
+                let g = multi.lock().expect("lock");
+                if inside.swap(true, Ordering::AcqRel) {
+                    overlaps.fetch_add(1, Ordering::Relaxed);
+                }
+                inside.store(false, Ordering::Release);
+                g.unlock().expect("unlock");
+            }
+            tx.send(()).expect("report");
+        });
+    }
+    for _ in 0..2 {
+        rx.recv_timeout(Duration::from_secs(60))
+            .expect("both threads complete 200 rounds");
+    }
+    assert_eq!(overlaps.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn members_watchdogs_keep_a_multilock_alive() {
+    let srv = RedisServer::start();
+    let c = Client::builder(srv.url())
+        .watchdog_timeout(Duration::from_millis(900))
+        .build()
+        .expect("client");
+    let other = Client::open(srv.url()).expect("client");
+    let g = MultiLock::new(vec![c.lock("mw:a"), c.lock("mw:b")])
+        .unwrap()
+        .lock()
+        .expect("lock");
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(2000) {
+        thread::sleep(Duration::from_millis(100));
+        g.ensure_held().expect("renewed");
+    }
+    for name in ["mw:a", "mw:b"] {
+        assert!(other.lock(name).try_lock().expect("try_lock").is_none());
+    }
+    g.unlock().expect("unlock");
+}
