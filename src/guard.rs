@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::client::{Client, Shared};
+use crate::connection::Synced;
 use crate::error::{Error, Result};
 use crate::scripts::{self, LockRef};
 
@@ -609,6 +610,25 @@ impl LockGuard {
     }
 
     fn release(&mut self) -> Result<()> {
+        match self.begin_release() {
+            Release::Done(r) => r,
+            Release::Send(step) => {
+                let reply = self.send_release(&step.request);
+                self.end_release(step, reply)
+            }
+        }
+    }
+
+    /// The client the guard belongs to.
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The part of a release before its round trip: the guard's
+    /// bookkeeping, and either the outcome (nothing to send) or the request
+    /// to send. The guard is done from here on (dropping it sends nothing).
+    pub(crate) fn begin_release(&mut self) -> Release {
+        self.done = true;
         let hold = Arc::clone(&self.hold);
         let lost = || Error::LockLost {
             name: hold.name.clone(),
@@ -631,7 +651,9 @@ impl LockGuard {
             // to go releases whatever this owner may still hold, unless the
             // thread has taken the lock again since (that hold owns it now).
             if !hold.lost_release_sent.swap(true, Ordering::AcqRel) && is_latest(&hold) {
-                match self.send_release(&hold, 0, 0) {
+                let request = self.prepare_release(&hold, 0, 0);
+                let reply = self.send_release(&request);
+                match self.finish_release(request, reply) {
                     Ok(Some(_)) => log::info!(
                         "redlease: lock {:?} was found lost but was still held in redis; \
                          released it",
@@ -645,78 +667,127 @@ impl LockGuard {
                     ),
                 }
             }
-            return Err(lost());
+            return Release::Done(Err(lost()));
         }
         if left == 0 {
             // Before the script goes out: the watchdog never renews it again,
             // and a late renewal result cannot mark it lost.
             hold.released.store(true, Ordering::Release);
             remove_hold(&hold);
-            return match self.send_release(&hold, 0, 0)? {
-                Some(_) if !expired => Ok(()),
-                Some(_) => Err(lost()),
-                None => Err(lost()),
-            };
+            let request = self.prepare_release(&hold, 0, 0);
+            return Release::Send(ReleaseStep { request, expired });
         }
         let lease_ms = hold.needed_lease_ms();
-        match self.send_release(&hold, left, lease_ms)? {
-            Some(_) if !expired => Ok(()),
+        let request = self.prepare_release(&hold, left, lease_ms);
+        Release::Send(ReleaseStep { request, expired })
+    }
+
+    /// The part of a release after its round trip: what `reply` means.
+    pub(crate) fn end_release(
+        &self,
+        step: ReleaseStep,
+        reply: Result<(Option<i64>, Synced)>,
+    ) -> Result<()> {
+        let hold = &self.hold;
+        let lost = || Error::LockLost {
+            name: hold.name.clone(),
+        };
+        let partial = step.request.left > 0;
+        match self.finish_release(step.request, reply)? {
+            Some(_) if !step.expired => Ok(()),
             Some(_) => Err(lost()),
+            None if !partial => Err(lost()),
             None => {
                 // Gone on the server: the other guards of this owner are lost too.
                 if hold.mark_lost() {
                     self.client
                         .shared
                         .watchdog
-                        .report_lost(&hold, "its key or owner field is gone from redis");
+                        .report_lost(hold, "its key or owner field is gone from redis");
                 }
-                remove_hold(&hold);
+                remove_hold(hold);
                 Err(lost())
             }
         }
     }
 
-    /// Sends one release leaving `left` holds (re-applying `lease_ms` if any
-    /// remain) and records its outcome on `hold`. A release that did not
-    /// complete for a passing reason (no reply, no connection, a refusal such
-    /// as BUSY) is completed in the background as soon as Redis takes it.
-    fn send_release(&self, hold: &Arc<Hold>, left: u32, lease_ms: u64) -> Result<Option<i64>> {
+    /// A release leaving `left` holds (re-applying `lease_ms` if any
+    /// remain), made ready to send; a partial release lowers the hold's
+    /// bound to what it may set.
+    fn prepare_release(&self, hold: &Arc<Hold>, left: u32, lease_ms: u64) -> ReleaseRequest {
         let shared = &self.client.shared;
         let n = shared.next_request();
         let latch = scripts::unlock_latch_name(&hold.name, &hold.field, n);
-        let latch_ms = shared.latch_ttl_ms;
         let (_, pending) = owner_state(hold.client_id, &hold.name);
         let sent = Instant::now();
-        // A partial release sets the lease: until it is known to have run
-        // (or not), the hold is bounded by what it may have set.
-        let partial = left > 0;
-        if partial {
+        if left > 0 {
             hold.begin(sent, lease_ms);
         }
+        ReleaseRequest {
+            n,
+            latch,
+            pending,
+            sent,
+            left,
+            lease_ms,
+        }
+    }
+
+    /// The release script command of `r` (EVALSHA), for a round trip
+    /// shared with other requests.
+    pub(crate) fn release_command(&self, r: &ReleaseRequest) -> redis::Cmd {
+        let shared = &self.client.shared;
+        scripts::release_command(
+            self.hold.lock_ref(),
+            &r.latch,
+            &keys(&r.pending),
+            r.left,
+            r.lease_ms,
+            shared.latch_ttl_ms,
+            r.n,
+            shared.router.publish_command(),
+        )
+    }
+
+    /// Sends `r` on its own (one round trip, routed).
+    pub(crate) fn send_release(&self, r: &ReleaseRequest) -> Result<(Option<i64>, Synced)> {
+        let shared = &self.client.shared;
+        let hold = &self.hold;
         // A release fewer replicas confirmed is still done on the master: at
         // worst a failover brings the lock back until its lease runs out.
-        let reply = shared
-            .router
-            .run_synced(&hold.name, |conn| {
-                scripts::release(
-                    conn,
-                    hold.lock_ref(),
-                    &latch,
-                    &keys(&pending),
-                    left,
-                    lease_ms,
-                    latch_ms,
-                    n,
-                    shared.router.publish_command(),
-                )
-            })
-            .map(|(reply, _)| reply);
-        match reply {
+        shared.router.run_synced(&hold.name, |conn| {
+            scripts::release(
+                conn,
+                hold.lock_ref(),
+                &r.latch,
+                &keys(&r.pending),
+                r.left,
+                r.lease_ms,
+                shared.latch_ttl_ms,
+                r.n,
+                shared.router.publish_command(),
+            )
+        })
+    }
+
+    /// Records the outcome of release `r` on the hold. A release that did
+    /// not complete for a passing reason (no reply, no connection, a refusal
+    /// such as BUSY) is completed in the background as soon as Redis takes
+    /// it.
+    fn finish_release(
+        &self,
+        r: ReleaseRequest,
+        reply: Result<(Option<i64>, Synced)>,
+    ) -> Result<Option<i64>> {
+        let shared = &self.client.shared;
+        let hold = &self.hold;
+        let partial = r.left > 0;
+        match reply.map(|(reply, _)| reply) {
             Ok(reply) => {
-                settle(hold.client_id, &pending);
+                settle(hold.client_id, &r.pending);
                 if partial {
                     match reply {
-                        Some(_) => hold.confirmed(sent, lease_ms, n),
+                        Some(_) => hold.confirmed(r.sent, r.lease_ms, r.n),
                         None => hold.aborted(),
                     }
                 }
@@ -727,11 +798,14 @@ impl LockGuard {
                     // Not sent, or it may have run, or may run later, or
                     // Redis refused it for now: complete it in the background
                     // (the latch makes it run once).
-                    let kind = Lost::Release { left, lease_ms };
+                    let kind = Lost::Release {
+                        left: r.left,
+                        lease_ms: r.lease_ms,
+                    };
                     let owner = partial.then_some(hold);
                     settle_later(
                         shared,
-                        Unsettled::new(hold.lock_ref(), latch, kind, owner, sent),
+                        Unsettled::new(hold.lock_ref(), r.latch, kind, owner, r.sent),
                     );
                 } else if partial {
                     hold.aborted();
@@ -740,6 +814,32 @@ impl LockGuard {
             }
         }
     }
+}
+
+/// A release request made ready (see [`LockGuard::begin_release`]).
+pub(crate) struct ReleaseRequest {
+    n: u64,
+    latch: String,
+    pending: Vec<Arc<Unsettled>>,
+    sent: Instant,
+    /// Holds left after it (0: a full release).
+    left: u32,
+    lease_ms: u64,
+}
+
+/// A release under way: its request, and whether the hold's bound had
+/// passed when it began.
+pub(crate) struct ReleaseStep {
+    pub(crate) request: ReleaseRequest,
+    expired: bool,
+}
+
+/// What [`LockGuard::begin_release`] found.
+pub(crate) enum Release {
+    /// Nothing (more) to send: the outcome.
+    Done(Result<()>),
+    /// A request to send, then [`LockGuard::end_release`].
+    Send(ReleaseStep),
 }
 
 impl Drop for LockGuard {

@@ -15,11 +15,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::connection::{fan_out, Job, Replies};
+use crate::connection::{fan_out, Job, Replies, Synced};
 use crate::error::{Error, Result};
-use crate::guard::LockGuard;
+use crate::guard::{LockGuard, Release};
 use crate::lock::{Attempt, Lock, Request, Terms, Wait};
 use crate::pubsub::{Notify, Subscription, Wake};
+use crate::router::{Node, Router};
 use crate::watchdog::jitter;
 
 /// A lock on a majority of independent Redis masters: the RedLock algorithm
@@ -357,66 +358,31 @@ impl Group {
             .zip(terms)
             .map(|(m, t)| m.prepare(t))
             .collect();
-        let nodes: Vec<_> = self
+        let targets: Vec<(&Router, &str)> = self
             .members
             .iter()
-            .map(|m| m.router().node(m.name()))
+            .map(|m| (m.router(), m.name()))
             .collect();
-        let mut jobs = Vec::with_capacity(self.members.len());
-        let mut job_of = Vec::with_capacity(self.members.len());
-        for ((m, r), node) in self.members.iter().zip(&requests).zip(&nodes) {
-            match node {
-                Ok(node) => {
-                    job_of.push(Some(jobs.len()));
-                    jobs.push(Job {
-                        redis: &node.redis,
-                        packed: m.command(r).get_packed_command(),
-                        count: 1,
-                    });
-                }
-                Err(_) => job_of.push(None),
-            }
-        }
-        let mut results: Vec<Option<Replies>> = fan_out(&jobs).into_iter().map(Some).collect();
+        let packed: Vec<Vec<u8>> = self
+            .members
+            .iter()
+            .zip(&requests)
+            .map(|(m, r)| m.command(r).get_packed_command())
+            .collect();
+        let replies = one_round_trip(&targets, packed, |i| self.members[i].send(&requests[i]));
         let mut round = Round {
             guards: Vec::new(),
             busy: Vec::new(),
             errors: Vec::new(),
             sent,
         };
-        for (i, ((m, r), t)) in self.members.iter().zip(requests).zip(terms).enumerate() {
-            let reply = match (job_of[i], &nodes[i]) {
-                (Some(j), _) => match results[j].take() {
-                    Some(Ok((values, synced))) => match values.into_iter().next() {
-                        Some(redis::Value::Nil) => Ok((None, synced)),
-                        Some(redis::Value::Int(ttl)) => Ok((Some(ttl), synced)),
-                        // Not run there and then (script cache lost, slot
-                        // moved or migrating, a passing refusal): once more
-                        // on its own, routed.
-                        Some(redis::Value::ServerError(e))
-                            if matches!(
-                                e.code(),
-                                "NOSCRIPT" | "MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN"
-                            ) =>
-                        {
-                            m.send(&r)
-                        }
-                        Some(redis::Value::ServerError(e)) => Err(Error::Redis(e.into())),
-                        _ => Err(Error::Redis(redis::RedisError::from((
-                            redis::ErrorKind::Parse,
-                            "unexpected reply to the acquire script",
-                        )))),
-                    },
-                    Some(Err(e)) => Err(e),
-                    None => Err(Error::invalid("a reply was read twice")),
-                },
-                (None, Err(e)) => Err(Error::Redis(redis::RedisError::from((
-                    redis::ErrorKind::Io,
-                    "no node for the lock",
-                    e.to_string(),
-                )))),
-                (None, Ok(_)) => Err(Error::invalid("a request was not sent")),
-            };
+        for (i, ((m, r), (t, reply))) in self
+            .members
+            .iter()
+            .zip(requests)
+            .zip(terms.iter().zip(replies))
+            .enumerate()
+        {
             match m.finish(t, r, reply) {
                 Ok(Attempt::Acquired(g)) => round.guards.push(g),
                 Ok(Attempt::Busy(ttl)) => round.busy.push((i, ttl)),
@@ -482,15 +448,101 @@ impl Group {
     }
 }
 
-/// Releases `guards`, attempting every one; the first error.
+/// Releases `guards` in one round trip to all their nodes, attempting
+/// every one; the first error (a release that failed is completed in the
+/// background by its client).
 fn release_all(guards: Vec<LockGuard>) -> Result<()> {
     let mut first = None;
-    for g in guards {
-        if let Err(e) = g.unlock() {
+    let mut sending = Vec::new();
+    for mut g in guards {
+        match g.begin_release() {
+            Release::Done(Err(e)) => {
+                first.get_or_insert(e);
+            }
+            Release::Done(Ok(())) => {}
+            Release::Send(step) => sending.push((g, step)),
+        }
+    }
+    let targets: Vec<(&Router, &str)> = sending
+        .iter()
+        .map(|(g, _)| (&*g.client().shared.router, g.name()))
+        .collect();
+    let packed = sending
+        .iter()
+        .map(|(g, step)| g.release_command(&step.request).get_packed_command())
+        .collect();
+    let replies = one_round_trip(&targets, packed, |i| {
+        let (g, step) = &sending[i];
+        g.send_release(&step.request)
+    });
+    drop(targets);
+    for ((g, step), reply) in sending.into_iter().zip(replies) {
+        if let Err(e) = g.end_release(step, reply) {
             first.get_or_insert(e);
         }
     }
     first.map_or(Ok(()), Err)
+}
+
+/// Sends one script request per target (request `i` to the node of
+/// `targets[i]`'s key) before reading any reply: about one round trip of
+/// the slowest node. Returns each script's reply (nil or an integer) with
+/// what replica sync said; a request Redis did not run there and then
+/// (script cache lost, slot moved or migrating, a passing refusal) is run
+/// again on its own with `rerun(i)`, routed.
+fn one_round_trip(
+    targets: &[(&Router, &str)],
+    packed: Vec<Vec<u8>>,
+    mut rerun: impl FnMut(usize) -> Result<(Option<i64>, Synced)>,
+) -> Vec<Result<(Option<i64>, Synced)>> {
+    let nodes: Vec<Result<Arc<Node>>> = targets.iter().map(|(r, k)| r.node(k)).collect();
+    let mut jobs = Vec::with_capacity(targets.len());
+    let mut job_of = Vec::with_capacity(targets.len());
+    for (node, packed) in nodes.iter().zip(packed) {
+        match node {
+            Ok(node) => {
+                job_of.push(Some(jobs.len()));
+                jobs.push(Job {
+                    redis: &node.redis,
+                    packed,
+                    count: 1,
+                });
+            }
+            Err(_) => job_of.push(None),
+        }
+    }
+    let mut results: Vec<Option<Replies>> = fan_out(&jobs).into_iter().map(Some).collect();
+    let mut replies = Vec::with_capacity(targets.len());
+    for (i, node) in nodes.iter().enumerate() {
+        let reply = match (job_of[i].and_then(|j| results[j].take()), node) {
+            (Some(Ok((values, synced))), _) => match values.into_iter().next() {
+                Some(redis::Value::Nil) => Ok((None, synced)),
+                Some(redis::Value::Int(n)) => Ok((Some(n), synced)),
+                Some(redis::Value::ServerError(e))
+                    if matches!(
+                        e.code(),
+                        "NOSCRIPT" | "MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN"
+                    ) =>
+                {
+                    rerun(i)
+                }
+                Some(redis::Value::ServerError(e)) => Err(Error::Redis(e.into())),
+                _ => Err(Error::Redis(redis::RedisError::from((
+                    redis::ErrorKind::Parse,
+                    "unexpected reply to a lock script",
+                )))),
+            },
+            (Some(Err(e)), _) => Err(e),
+            (None, Err(e)) => Err(Error::Redis(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "no node for the lock",
+                e.to_string(),
+            )))),
+            (None, Ok(_)) => rerun(i),
+        };
+        replies.push(reply);
+    }
+    replies
 }
 
 /// A held [`RedLock`] or [`MultiLock`]: the member guards it took. Releases

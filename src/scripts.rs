@@ -153,21 +153,62 @@ pub(crate) fn release(
     gen: u64,
     publish: &str,
 ) -> RedisResult<Option<i64>> {
-    RELEASE.run(conn, 3 + unsettled.len(), |cmd| {
+    let fill = release_args(
+        lock,
+        latch,
+        unsettled,
+        [left.into(), lease_ms, latch_ms, gen],
+        publish,
+    );
+    RELEASE.run(conn, 3 + unsettled.len(), fill)
+}
+
+/// [`release`]'s EVALSHA command, for a round trip shared with other
+/// requests.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn release_command(
+    lock: LockRef<'_>,
+    latch: &str,
+    unsettled: &[&str],
+    left: u32,
+    lease_ms: u64,
+    latch_ms: u64,
+    gen: u64,
+    publish: &str,
+) -> Cmd {
+    let fill = release_args(
+        lock,
+        latch,
+        unsettled,
+        [left.into(), lease_ms, latch_ms, gen],
+        publish,
+    );
+    RELEASE.evalsha(3 + unsettled.len(), 512, fill)
+}
+
+/// release.lua's keys and arguments; `numbers` are the holds left, the
+/// lease, the latch TTL and the generation.
+fn release_args<'a>(
+    lock: LockRef<'a>,
+    latch: &'a str,
+    unsettled: &'a [&'a str],
+    numbers: [u64; 4],
+    publish: &'a str,
+) -> impl Fn(&mut Cmd) + 'a {
+    move |cmd: &mut Cmd| {
         cmd.arg(lock.name).arg(lock.channel).arg(latch);
         for key in unsettled {
             cmd.arg(*key);
         }
-        cmd.arg(lock.field)
-            .arg(left)
-            .arg(lease_ms)
-            .arg(latch_ms)
-            .arg(gen)
-            .arg(publish);
+        cmd.arg(lock.field);
+        for n in numbers {
+            cmd.arg(n);
+        }
+        cmd.arg(publish);
         if !unsettled.is_empty() {
             cmd.arg(LATE_REQUEST_WINDOW_MS);
         }
-    })
+    }
 }
 
 /// cancel_acquire.lua: 1 if an acquisition was undone.
