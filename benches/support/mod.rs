@@ -9,7 +9,8 @@ use redlease_testkit as harness;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-pub use harness::{RedisServer, Resp};
+#[allow(unused_imports)] // each bench uses its part
+pub use harness::{Proxy, RedisServer, Resp};
 
 /// The core Redis runs on.
 pub const REDIS_CORE: usize = 0;
