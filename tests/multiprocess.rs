@@ -54,6 +54,8 @@ fn worker() {
         "count" => count_worker(&url),
         "hold-lease" => hold_worker(&url, true),
         "hold-watchdog" => hold_worker(&url, false),
+        "redlock-count" => redlock_worker(&url),
+        "redlock-hold" => redlock_hold_worker(&url),
         other => panic!("unknown worker role {other:?}"),
     }
 }
@@ -98,6 +100,107 @@ fn count_worker(url: &str) {
     for h in handles {
         h.join().expect("a worker thread panicked");
     }
+}
+
+/// The RedLock's masters (comma-separated urls in `URL`): one client each.
+fn redlock_clients(urls: &str) -> Vec<Client> {
+    urls.split(',')
+        .map(|u| {
+            Client::builder(u)
+                .response_timeout(Duration::from_millis(300))
+                .connection_timeout(Duration::from_millis(300))
+                .watchdog_timeout(HOLDER_LEASE)
+                .sync_replicas(0, Duration::ZERO)
+                .build_lazy()
+                .expect("worker client")
+        })
+        .collect()
+}
+
+/// RedLock workers: `URL` holds the masters' urls and, last, the oracle
+/// server's. Each thread does ROUNDS sections under a RedLock over the
+/// masters; inside, INCR of an "inside" counter on the oracle must give 1
+/// (else an overlap is counted), and a GET/SET increment must not be lost.
+fn redlock_worker(urls: &str) {
+    let threads = env_usize(THREADS);
+    let rounds = env_usize(ROUNDS);
+    let (masters, oracle) = urls.rsplit_once(',').expect("masters,oracle");
+    let clients = redlock_clients(masters);
+    let oracle = redis::Client::open(oracle).unwrap();
+    let mut admin = oracle.get_connection().unwrap();
+    let _: i64 = redis::cmd("INCR")
+        .arg("mp:ready")
+        .query(&mut admin)
+        .unwrap();
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let red = redlease::RedLock::new(clients.iter().map(|c| c.lock(LOCK)).collect())
+                .expect("RedLock");
+            let mut conn = oracle.get_connection().unwrap();
+            thread::spawn(move || {
+                let go: Option<(String, String)> = redis::cmd("BLPOP")
+                    .arg("mp:go")
+                    .arg(30)
+                    .query(&mut conn)
+                    .unwrap();
+                go.expect("the start signal within 30 s");
+                let mut done = 0;
+                while done < rounds {
+                    let guard = match red.try_lock_for(Duration::from_secs(20)) {
+                        Ok(Some(g)) => g,
+                        Ok(None) => panic!("no RedLock within 20 s"),
+                        // A master stopped at the wrong moment: try again.
+                        Err(e) if e.is_connection_error() => continue,
+                        Err(e) => panic!("RedLock in a worker: {e}"),
+                    };
+                    let inside: i64 = redis::cmd("INCR")
+                        .arg("rl:inside")
+                        .query(&mut conn)
+                        .unwrap();
+                    if inside != 1 {
+                        let _: i64 = redis::cmd("INCR")
+                            .arg("rl:overlaps")
+                            .query(&mut conn)
+                            .unwrap();
+                    }
+                    let n: Option<u64> = redis::cmd("GET").arg(COUNTER).query(&mut conn).unwrap();
+                    let _: () = redis::cmd("SET")
+                        .arg(COUNTER)
+                        .arg(n.unwrap_or(0) + 1)
+                        .query(&mut conn)
+                        .unwrap();
+                    let _: i64 = redis::cmd("DECR")
+                        .arg("rl:inside")
+                        .query(&mut conn)
+                        .unwrap();
+                    if let Err(e) = guard.unlock() {
+                        // Completed in the background by the member's client.
+                        eprintln!("unlock: {e}");
+                    }
+                    done += 1;
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("a worker thread panicked");
+    }
+}
+
+/// Takes a watched RedLock over the masters in `URL`, says so, and holds it
+/// until killed.
+fn redlock_hold_worker(urls: &str) {
+    let clients = redlock_clients(urls);
+    let red = redlease::RedLock::new(clients.iter().map(|c| c.lock(LOCK)).collect()).unwrap();
+    let guard = red.lock().expect("RedLock");
+    let mut out = std::io::stdout();
+    writeln!(out, "\n{ACQUIRED}").unwrap();
+    out.flush().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(100));
+    }
+    drop(guard);
 }
 
 /// Takes LOCK (with an explicit lease, or watched with watchdog_timeout =
@@ -305,4 +408,120 @@ fn killed_holder_with_explicit_lease_is_waited_out() {
 #[test]
 fn killed_holder_with_watchdog_lease_is_waited_out() {
     kill_holder_and_measure("hold-watchdog");
+}
+
+/// Mutual exclusion of a RedLock across 3 processes x 4 threads while one of
+/// its 3 masters is stopped (SIGSTOP) and continued again and again: no two
+/// sections overlap, no update is lost.
+#[test]
+fn redlock_excludes_across_processes_while_a_master_stops_and_starts() {
+    const PROCESSES: usize = 3;
+    const THREADS_EACH: usize = 4;
+    const ROUNDS_EACH: usize = 50;
+    let masters: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let oracle = RedisServer::start();
+    let mut urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
+    urls.push(oracle.url());
+    let urls = urls.join(",");
+    let vars = [
+        (THREADS, THREADS_EACH.to_string()),
+        (ROUNDS, ROUNDS_EACH.to_string()),
+    ];
+    let mut workers: Vec<Worker> = (0..PROCESSES)
+        .map(|_| Worker::spawn("redlock-count", &urls, &vars))
+        .collect();
+    wait_until(
+        "every worker process to be ready",
+        Duration::from_secs(30),
+        || oracle.cmd(&["GET", "mp:ready"]) == PROCESSES.to_string(),
+    );
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flapping = {
+        let stop = std::sync::Arc::clone(&stop);
+        let pid = masters[2].pid().expect("master runs");
+        thread::spawn(move || {
+            let mut cycles = 0;
+            while !stop.load(Ordering::Acquire) {
+                let _ = Command::new("kill")
+                    .args(["-STOP", &pid.to_string()])
+                    .status();
+                thread::sleep(Duration::from_millis(400));
+                let _ = Command::new("kill")
+                    .args(["-CONT", &pid.to_string()])
+                    .status();
+                thread::sleep(Duration::from_millis(200));
+                cycles += 1;
+            }
+            cycles
+        })
+    };
+    let mut conn = oracle.conn();
+    let started = Instant::now();
+    let tokens = vec!["go"; PROCESSES * THREADS_EACH];
+    let _: i64 = redis::cmd("RPUSH")
+        .arg("mp:go")
+        .arg(&tokens)
+        .query(&mut conn)
+        .unwrap();
+    for w in &mut workers {
+        w.wait_success(Duration::from_secs(120));
+    }
+    stop.store(true, Ordering::Release);
+    let cycles = flapping.join().expect("the flapping thread");
+    let took = started.elapsed();
+    let n: u64 = redis::cmd("GET").arg(COUNTER).query(&mut conn).unwrap();
+    let overlaps: Option<u64> = redis::cmd("GET")
+        .arg("rl:overlaps")
+        .query(&mut conn)
+        .unwrap();
+    eprintln!(
+        "FIGURE: RedLock over 3 masters, {PROCESSES} processes x {THREADS_EACH} threads x \
+         {ROUNDS_EACH} sections, one master stopped and continued {cycles} times: {n} sections \
+         in {:.1} s, {} overlaps",
+        took.as_secs_f64(),
+        overlaps.unwrap_or(0)
+    );
+    assert_eq!(overlaps.unwrap_or(0), 0, "two holders at once");
+    assert_eq!(
+        n,
+        (PROCESSES * THREADS_EACH * ROUNDS_EACH) as u64,
+        "lost updates"
+    );
+    assert!(cycles > 0, "the master was stopped during the run");
+}
+
+/// A process holding a watched RedLock is killed with SIGKILL: a waiter in
+/// this process takes it once the members' leases run out.
+#[test]
+fn killed_redlock_holder_is_waited_out() {
+    let masters: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
+    let urls = urls.join(",");
+    let mut holder = Worker::spawn("redlock-hold", &urls, &[]);
+    wait_until(
+        "the RedLock worker to acquire",
+        Duration::from_secs(30),
+        || holder.output().contains(ACQUIRED),
+    );
+    let clients = redlock_clients(&urls);
+    let red = redlease::RedLock::new(clients.iter().map(|c| c.lock(LOCK)).collect()).unwrap();
+    assert!(
+        red.try_lock().expect("try_lock").is_none(),
+        "held by the worker"
+    );
+    let killed = Instant::now();
+    holder.child.kill().expect("SIGKILL the holder");
+    holder.child.wait().expect("reap the holder");
+    let g = red
+        .try_lock_for(HOLDER_LEASE + WAIT)
+        .expect("waiter")
+        .expect("acquired after the holder died");
+    let delay = killed.elapsed();
+    eprintln!(
+        "FIGURE: RedLock holder killed with SIGKILL -> taken by another process after {:.0} ms \
+         (lease {HOLDER_LEASE:?})",
+        delay.as_secs_f64() * 1000.0
+    );
+    assert!(delay < HOLDER_LEASE + Duration::from_secs(2), "{delay:?}");
+    g.unlock().expect("unlock");
 }
