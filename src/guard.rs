@@ -96,6 +96,14 @@ pub(crate) struct Hold {
     /// A release was sent for this hold after it was found lost.
     lost_release_sent: AtomicBool,
     pub(crate) sched: Mutex<Sched>,
+    /// Told once when the hold is reported lost (a RedLock or MultiLock
+    /// guard counting its members).
+    lost_listeners: Mutex<Vec<Weak<dyn LostListener>>>,
+}
+
+/// Told when a hold is reported lost (see [`Hold::on_lost`]).
+pub(crate) trait LostListener: Send + Sync {
+    fn lost(&self);
 }
 
 impl Hold {
@@ -127,6 +135,7 @@ impl Hold {
             released: AtomicBool::new(false),
             lost_release_sent: AtomicBool::new(false),
             sched: Mutex::new(Sched::Idle),
+            lost_listeners: Mutex::new(Vec::new()),
         }
     }
 
@@ -276,6 +285,22 @@ impl Hold {
 
     /// Marks the hold lost; `true` only for the call that changed it, and
     /// never for a hold that was released.
+    /// Tells `listener` (while it lives) when the hold is reported lost.
+    pub(crate) fn on_lost(&self, listener: Weak<dyn LostListener>) {
+        let mut listeners = self.lost_listeners.lock();
+        listeners.retain(|l| l.strong_count() > 0);
+        listeners.push(listener);
+    }
+
+    /// Tells the listeners (see [`on_lost`](Hold::on_lost)); called once the
+    /// loss is reported.
+    pub(crate) fn tell_lost(&self) {
+        let listeners = std::mem::take(&mut *self.lost_listeners.lock());
+        for l in listeners.iter().filter_map(Weak::upgrade) {
+            l.lost();
+        }
+    }
+
     pub(crate) fn mark_lost(&self) -> bool {
         !self.released.load(Ordering::Acquire) && !self.lost.swap(true, Ordering::AcqRel)
     }
@@ -617,6 +642,12 @@ impl LockGuard {
                 self.end_release(step, reply)
             }
         }
+    }
+
+    /// Tells `listener` (while it lives) if this guard's hold is reported
+    /// lost.
+    pub(crate) fn on_lost(&self, listener: Weak<dyn LostListener>) {
+        self.hold.on_lost(listener);
     }
 
     /// The client the guard belongs to.

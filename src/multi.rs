@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use crate::connection::{fan_out, Job, Replies, Synced};
 use crate::error::{Error, Result};
-use crate::guard::{LockGuard, Release};
+use crate::guard::{LockGuard, LostListener, Release};
 use crate::lock::{Attempt, Lock, Request, Terms, Wait};
 use crate::pubsub::{Notify, Subscription, Wake};
 use crate::router::{Node, Router};
@@ -87,6 +87,39 @@ struct Group {
     /// Members needed: a majority (RedLock) or all (MultiLock).
     needed: usize,
     redlock: bool,
+    /// Called once when a guard loses enough members to be lost.
+    on_lost: Option<LostCallback>,
+}
+
+type LostCallback = Arc<dyn Fn(&str) + Send + Sync + 'static>;
+
+/// Counts a guard's members as their clients report them lost, and calls the
+/// lock's `on_lost` callback once too few are left.
+struct LossWatch {
+    lost: std::sync::atomic::AtomicUsize,
+    held: usize,
+    needed: usize,
+    fired: std::sync::atomic::AtomicBool,
+    name: String,
+    callback: LostCallback,
+}
+
+impl LostListener for LossWatch {
+    fn lost(&self) {
+        use std::sync::atomic::Ordering;
+        let lost = self.lost.fetch_add(1, Ordering::AcqRel) + 1;
+        if self.held.saturating_sub(lost) < self.needed && !self.fired.swap(true, Ordering::AcqRel)
+        {
+            log::error!("redlease: {:?} was lost: too few members held", self.name);
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                (self.callback)(&self.name)
+            }))
+            .is_err()
+            {
+                log::error!("redlease: an on_lost callback panicked");
+            }
+        }
+    }
 }
 
 /// The longest random back-off after a round that took some members but not
@@ -168,6 +201,17 @@ macro_rules! acquire_methods {
         pub fn members(&self) -> &[Lock] {
             &self.group.members
         }
+
+        /// Calls `f` (with the members' names, comma-separated) once a guard
+        /// of this lock is lost: fewer members than needed are still held,
+        /// as the members' clients find out (a renewal that finds a member
+        /// gone, or that could not be made before its lease ran out). The
+        /// members' clients' own `on_lock_lost` callbacks are called for each
+        /// member too. `f` runs on a watchdog thread: keep it short.
+        pub fn on_lost(mut self, f: impl Fn(&str) + Send + Sync + 'static) -> Self {
+            self.group.on_lost = Some(Arc::new(f));
+            self
+        }
     };
 }
 
@@ -202,6 +246,7 @@ impl RedLock {
                 members,
                 needed,
                 redlock: true,
+                on_lost: None,
             },
         })
     }
@@ -233,6 +278,7 @@ impl MultiLock {
                 members,
                 needed,
                 redlock: false,
+                on_lost: None,
             },
         })
     }
@@ -411,12 +457,28 @@ impl Group {
         let valid_until = round.sent + lease.saturating_sub(drift);
         let in_time = !self.redlock || elapsed + drift < lease;
         if round.guards.len() >= self.needed && in_time {
+            let watch = self.on_lost.as_ref().map(|cb| {
+                let watch = Arc::new(LossWatch {
+                    lost: std::sync::atomic::AtomicUsize::new(0),
+                    held: round.guards.len(),
+                    needed: self.needed,
+                    fired: std::sync::atomic::AtomicBool::new(false),
+                    name: self.name(),
+                    callback: Arc::clone(cb),
+                });
+                for g in &round.guards {
+                    let listener: Arc<dyn LostListener> = watch.clone();
+                    g.on_lost(Arc::downgrade(&listener));
+                }
+                watch
+            });
             return Ok(Ok(MultiGuard {
                 guards: round.guards,
                 members: n,
                 needed: self.needed,
                 valid_until: self.redlock.then_some(valid_until),
                 name: self.name(),
+                _watch: watch,
             }));
         }
         let split = !round.guards.is_empty();
@@ -556,6 +618,9 @@ pub struct MultiGuard {
     /// the clock drift allowance (renewals extend the members, not this).
     valid_until: Option<Instant>,
     name: String,
+    /// Kept alive while the guard is: the members' loss listeners hold it
+    /// weakly.
+    _watch: Option<Arc<LossWatch>>,
 }
 
 impl MultiGuard {

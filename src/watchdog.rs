@@ -529,6 +529,7 @@ impl Inner {
                 log::error!("redlease: the on_lock_lost callback panicked");
             }
         }
+        hold.tell_lost();
     }
 }
 

@@ -406,3 +406,42 @@ fn a_vanished_holder_is_replaced_within_its_lease() {
     assert!(got.is_some(), "taken once the lease ran out");
     assert!(took < Duration::from_secs(3), "{took:?}");
 }
+
+/// The lock's `on_lost` callback fires once, when the members' watchdogs
+/// find too few members left: not for the first member lost (2 of 3 is
+/// still a majority), once for the second.
+#[test]
+fn on_lost_fires_once_the_majority_is_gone() {
+    let servers = masters(3);
+    let a: Vec<Client> = servers
+        .iter()
+        .map(|s| {
+            Client::builder(s.url())
+                .watchdog_timeout(Duration::from_millis(600))
+                .build()
+                .expect("client")
+        })
+        .collect();
+    let fired = Arc::new(AtomicU32::new(0));
+    let f = Arc::clone(&fired);
+    let g = red(&a, "red:cb")
+        .on_lost(move |name| {
+            assert_eq!(name, "red:cb");
+            f.fetch_add(1, Ordering::SeqCst);
+        })
+        .lock()
+        .expect("lock");
+    let admin = Client::open(servers[0].url()).expect("client");
+    assert!(admin.lock("red:cb").force_unlock().expect("force"));
+    wait_until("the first member found lost by its watchdog", WAIT, || {
+        g.held() == 2
+    });
+    assert_eq!(fired.load(Ordering::SeqCst), 0, "a majority is left");
+    g.ensure_held().expect("still a majority");
+    let admin = Client::open(servers[1].url()).expect("client");
+    assert!(admin.lock("red:cb").force_unlock().expect("force"));
+    wait_until("the callback", WAIT, || fired.load(Ordering::SeqCst) == 1);
+    assert!(g.is_lost());
+    thread::sleep(Duration::from_millis(700));
+    assert_eq!(fired.load(Ordering::SeqCst), 1, "once");
+}
