@@ -57,7 +57,7 @@ pub(crate) struct Shared {
     pub(crate) id: u64,
     uuid: String,
     /// Where it connects, for `Debug` (no password).
-    server: String,
+    pub(crate) server: String,
     pub(crate) router: Arc<Router>,
     pub(crate) watchdog: Watchdog,
     pub(crate) watchdog_timeout: Duration,
@@ -638,7 +638,15 @@ impl ClientBuilder {
                 template.get_or_insert(endpoint);
             }
             let template = template.expect("at least one seed");
-            let server = format!("cluster of {} seed node(s)", seeds.len());
+            let server = format!(
+                "cluster of {} seed node(s) ({})",
+                seeds.len(),
+                seeds
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
             let cluster = Cluster::new(
                 seeds,
                 NodeSettings {
@@ -701,9 +709,14 @@ impl ClientBuilder {
                 }
                 let template = template.expect("at least one sentinel");
                 let server = format!(
-                    "master {:?} of {} sentinel(s)",
+                    "master {:?} of {} sentinel(s) ({})",
                     s.master_name,
-                    sentinels.len()
+                    sentinels.len(),
+                    sentinels
+                        .iter()
+                        .map(|e| e.addr.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 );
                 let sentinel = Sentinel::new(
                     s.master_name.clone(),

@@ -229,14 +229,17 @@ impl RedLock {
             ));
         }
         for (i, a) in members.iter().enumerate() {
-            if members[i + 1..]
-                .iter()
-                .any(|b| Arc::ptr_eq(&a.client().shared, &b.client().shared))
-            {
+            let sa = &a.client().shared;
+            if let Some(b) = members[i + 1..].iter().find(|b| {
+                let sb = &b.client().shared;
+                Arc::ptr_eq(sa, sb) || sa.server == sb.server
+            }) {
                 return Err(Error::invalid(format!(
-                    "two members of a RedLock share a client ({:?}): give each member its \
-                     own client, one per independent master",
-                    a.name()
+                    "two members of a RedLock ({:?} and {:?}) share a client or a server \
+                     ({}): give each member its own client, one per independent master",
+                    a.name(),
+                    b.name(),
+                    sa.server
                 )));
             }
         }

@@ -196,6 +196,10 @@ fn bad_member_lists_are_refused() {
     let e = RedLock::new(vec![c.lock("x"), c.lock("x"), c.clone().lock("x")])
         .expect_err("members sharing a client");
     assert!(e.to_string().contains("share a client"), "{e}");
+    let other = Client::builder(srv.url()).build_lazy().expect("client");
+    let e =
+        RedLock::new(vec![c.lock("x"), other.lock("x")]).expect_err("two clients of one server");
+    assert!(e.to_string().contains("share a client or a server"), "{e}");
     let e = MultiLock::new(Vec::new()).expect_err("empty");
     assert!(e.is_invalid_argument(), "{e}");
 }
