@@ -767,17 +767,22 @@ impl LockGuard {
     /// The release script command of `r` (EVALSHA), for a round trip
     /// shared with other requests.
     pub(crate) fn release_command(&self, r: &ReleaseRequest) -> redis::Cmd {
+        self.release_script(r).command()
+    }
+
+    /// The release script's request for `r`.
+    fn release_script<'a>(&'a self, r: &'a ReleaseRequest) -> scripts::Release<'a> {
         let shared = &self.client.shared;
-        scripts::release_command(
-            self.hold.lock_ref(),
-            &r.latch,
-            &keys(&r.pending),
-            r.left,
-            r.lease_ms,
-            shared.latch_ttl_ms,
-            r.n,
-            shared.router.publish_command(),
-        )
+        scripts::Release {
+            lock: self.hold.lock_ref(),
+            latch: &r.latch,
+            unsettled: keys(&r.pending),
+            left: r.left,
+            lease_ms: r.lease_ms,
+            latch_ms: shared.latch_ttl_ms,
+            gen: r.n,
+            publish: shared.router.publish_command(),
+        }
     }
 
     /// Sends `r` on its own (one round trip, routed).
@@ -786,19 +791,10 @@ impl LockGuard {
         let hold = &self.hold;
         // A release fewer replicas confirmed is still done on the master: at
         // worst a failover brings the lock back until its lease runs out.
-        shared.router.run_synced(&hold.name, |conn| {
-            scripts::release(
-                conn,
-                hold.lock_ref(),
-                &r.latch,
-                &keys(&r.pending),
-                r.left,
-                r.lease_ms,
-                shared.latch_ttl_ms,
-                r.n,
-                shared.router.publish_command(),
-            )
-        })
+        let script = self.release_script(r);
+        shared
+            .router
+            .run_synced(&hold.name, |conn| script.run(conn))
     }
 
     /// Records the outcome of release `r` on the hold. A release that did

@@ -631,14 +631,19 @@ impl Lock {
     /// The acquire command of `request` (EVALSHA), for a round trip shared
     /// with other requests.
     pub(crate) fn command(&self, r: &Request) -> redis::Cmd {
-        scripts::acquire_command(
-            self.lock_ref(r),
-            &r.marker,
-            &keys(&r.pending),
-            r.lease_ms,
-            r.held + 1,
-            r.n,
-        )
+        self.script(r).command()
+    }
+
+    /// The acquire script's request for `r`.
+    fn script<'a>(&'a self, r: &'a Request) -> scripts::Acquire<'a> {
+        scripts::Acquire {
+            lock: self.lock_ref(r),
+            marker: &r.marker,
+            unsettled: keys(&r.pending),
+            lease_ms: r.lease_ms,
+            count: r.held + 1,
+            gen: r.n,
+        }
     }
 
     /// Its release channel.
@@ -653,18 +658,9 @@ impl Lock {
 
     /// Sends `request` on its own (one round trip, routed).
     pub(crate) fn send(&self, r: &Request) -> Result<(Option<i64>, Synced)> {
-        let lock = self.lock_ref(r);
-        self.router().run_synced(&self.name, |conn| {
-            scripts::acquire(
-                conn,
-                lock,
-                &r.marker,
-                &keys(&r.pending),
-                r.lease_ms,
-                r.held + 1,
-                r.n,
-            )
-        })
+        let script = self.script(r);
+        self.router()
+            .run_synced(&self.name, |conn| script.run(conn))
     }
 
     /// What the reply to `request` means: a guard (the hold registered and

@@ -86,128 +86,95 @@ pub(crate) struct LockRef<'a> {
     pub(crate) field: &'a str,
 }
 
-/// acquire.lua: `None` when acquired, else the script's code or the
-/// holder's PTTL. `unsettled` are keys of the owner's requests whose reply
-/// was lost, set first (see `guard::Unsettled`); `gen` is the request's id,
-/// the hold's new generation.
-pub(crate) fn acquire(
-    conn: &mut crate::transport::Connection,
-    lock: LockRef<'_>,
-    marker: &str,
-    unsettled: &[&str],
-    lease_ms: u64,
-    count: u32,
-    gen: u64,
-) -> RedisResult<Option<i64>> {
-    let fill = acquire_args(lock, marker, unsettled, lease_ms, count, gen);
-    ACQUIRE.run(conn, 2 + unsettled.len(), fill)
+/// acquire.lua's request: `None` when acquired, else the script's code or
+/// the holder's PTTL. `unsettled` are keys of the owner's requests whose
+/// reply was lost, set first (see `guard::Unsettled`); `gen` is the
+/// request's id, the hold's new generation.
+pub(crate) struct Acquire<'a> {
+    pub(crate) lock: LockRef<'a>,
+    pub(crate) marker: &'a str,
+    pub(crate) unsettled: Vec<&'a str>,
+    pub(crate) lease_ms: u64,
+    pub(crate) count: u32,
+    pub(crate) gen: u64,
 }
 
-/// [`acquire`]'s EVALSHA command, for a round trip shared with other
-/// requests.
-pub(crate) fn acquire_command(
-    lock: LockRef<'_>,
-    marker: &str,
-    unsettled: &[&str],
-    lease_ms: u64,
-    count: u32,
-    gen: u64,
-) -> Cmd {
-    let fill = acquire_args(lock, marker, unsettled, lease_ms, count, gen);
-    ACQUIRE.evalsha(2 + unsettled.len(), 512, fill)
-}
-
-/// acquire.lua's keys and arguments.
-fn acquire_args<'a>(
-    lock: LockRef<'a>,
-    marker: &'a str,
-    unsettled: &'a [&'a str],
-    lease_ms: u64,
-    count: u32,
-    gen: u64,
-) -> impl Fn(&mut Cmd) + 'a {
-    move |cmd: &mut Cmd| {
-        cmd.arg(lock.name).arg(marker);
-        for key in unsettled {
+impl Acquire<'_> {
+    fn fill(&self, cmd: &mut Cmd) {
+        cmd.arg(self.lock.name).arg(self.marker);
+        for key in &self.unsettled {
             cmd.arg(*key);
         }
-        cmd.arg(lease_ms).arg(lock.field).arg(count).arg(gen);
-        if !unsettled.is_empty() {
+        cmd.arg(self.lease_ms)
+            .arg(self.lock.field)
+            .arg(self.count)
+            .arg(self.gen);
+        if !self.unsettled.is_empty() {
             cmd.arg(LATE_REQUEST_WINDOW_MS);
         }
     }
+
+    fn keys(&self) -> usize {
+        2 + self.unsettled.len()
+    }
+
+    /// Runs it in one round trip.
+    pub(crate) fn run(&self, conn: &mut crate::transport::Connection) -> RedisResult<Option<i64>> {
+        ACQUIRE.run(conn, self.keys(), |cmd| self.fill(cmd))
+    }
+
+    /// Its EVALSHA command, for a round trip shared with other requests.
+    pub(crate) fn command(&self) -> Cmd {
+        ACQUIRE.evalsha(self.keys(), 512, |cmd| self.fill(cmd))
+    }
 }
 
-/// release.lua: `None` when the owner's field is gone, `Some(0)` when holds
-/// remain, `Some(1)` when the lock was deleted. `unsettled` as for
-/// [`acquire`].
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn release(
-    conn: &mut crate::transport::Connection,
-    lock: LockRef<'_>,
-    latch: &str,
-    unsettled: &[&str],
-    left: u32,
-    lease_ms: u64,
-    latch_ms: u64,
-    gen: u64,
-    publish: &str,
-) -> RedisResult<Option<i64>> {
-    let fill = release_args(
-        lock,
-        latch,
-        unsettled,
-        [left.into(), lease_ms, latch_ms, gen],
-        publish,
-    );
-    RELEASE.run(conn, 3 + unsettled.len(), fill)
+/// release.lua's request: `None` when the owner's field is gone, `Some(0)`
+/// when holds remain, `Some(1)` when the lock was deleted. `unsettled` as
+/// for [`Acquire`]; `left` holds remain after it, with `lease_ms` re-applied;
+/// the latch lives `latch_ms`; `publish` is the publish command.
+pub(crate) struct Release<'a> {
+    pub(crate) lock: LockRef<'a>,
+    pub(crate) latch: &'a str,
+    pub(crate) unsettled: Vec<&'a str>,
+    pub(crate) left: u32,
+    pub(crate) lease_ms: u64,
+    pub(crate) latch_ms: u64,
+    pub(crate) gen: u64,
+    pub(crate) publish: &'a str,
 }
 
-/// [`release`]'s EVALSHA command, for a round trip shared with other
-/// requests.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn release_command(
-    lock: LockRef<'_>,
-    latch: &str,
-    unsettled: &[&str],
-    left: u32,
-    lease_ms: u64,
-    latch_ms: u64,
-    gen: u64,
-    publish: &str,
-) -> Cmd {
-    let fill = release_args(
-        lock,
-        latch,
-        unsettled,
-        [left.into(), lease_ms, latch_ms, gen],
-        publish,
-    );
-    RELEASE.evalsha(3 + unsettled.len(), 512, fill)
-}
-
-/// release.lua's keys and arguments; `numbers` are the holds left, the
-/// lease, the latch TTL and the generation.
-fn release_args<'a>(
-    lock: LockRef<'a>,
-    latch: &'a str,
-    unsettled: &'a [&'a str],
-    numbers: [u64; 4],
-    publish: &'a str,
-) -> impl Fn(&mut Cmd) + 'a {
-    move |cmd: &mut Cmd| {
-        cmd.arg(lock.name).arg(lock.channel).arg(latch);
-        for key in unsettled {
+impl Release<'_> {
+    fn fill(&self, cmd: &mut Cmd) {
+        cmd.arg(self.lock.name)
+            .arg(self.lock.channel)
+            .arg(self.latch);
+        for key in &self.unsettled {
             cmd.arg(*key);
         }
-        cmd.arg(lock.field);
-        for n in numbers {
-            cmd.arg(n);
-        }
-        cmd.arg(publish);
-        if !unsettled.is_empty() {
+        cmd.arg(self.lock.field)
+            .arg(self.left)
+            .arg(self.lease_ms)
+            .arg(self.latch_ms)
+            .arg(self.gen)
+            .arg(self.publish);
+        if !self.unsettled.is_empty() {
             cmd.arg(LATE_REQUEST_WINDOW_MS);
         }
+    }
+
+    fn keys(&self) -> usize {
+        3 + self.unsettled.len()
+    }
+
+    /// Runs it in one round trip.
+    pub(crate) fn run(&self, conn: &mut crate::transport::Connection) -> RedisResult<Option<i64>> {
+        RELEASE.run(conn, self.keys(), |cmd| self.fill(cmd))
+    }
+
+    /// Its EVALSHA command, for a round trip shared with other requests.
+    pub(crate) fn command(&self) -> Cmd {
+        RELEASE.evalsha(self.keys(), 512, |cmd| self.fill(cmd))
     }
 }
 

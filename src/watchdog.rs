@@ -388,17 +388,17 @@ impl Inner {
                 }
                 // A release runs with the window as its latch TTL: a copy of
                 // it may still arrive.
-                Lost::Release { left, lease_ms } => scripts::release(
-                    conn,
-                    u.lock_ref(),
-                    &u.key,
-                    &[],
+                Lost::Release { left, lease_ms } => scripts::Release {
+                    lock: u.lock_ref(),
+                    latch: &u.key,
+                    unsettled: Vec::new(),
                     left,
                     lease_ms,
-                    scripts::LATE_REQUEST_WINDOW_MS,
-                    n,
+                    latch_ms: scripts::LATE_REQUEST_WINDOW_MS,
+                    gen: n,
                     publish,
-                )
+                }
+                .run(conn)
                 .map(|r| r.unwrap_or(0)),
             });
             // Replica sync is best effort here: the request ran on the master.

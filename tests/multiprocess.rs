@@ -291,6 +291,23 @@ impl Drop for Worker {
     }
 }
 
+/// Waits until `processes` workers said they are ready on `srv`, then lets
+/// their `threads` threads each go at once; returns when.
+fn start_workers(srv: &RedisServer, processes: usize, threads: usize) -> Instant {
+    wait_until(
+        "every worker process to be ready",
+        Duration::from_secs(30),
+        || srv.cmd(&["GET", "mp:ready"]) == processes.to_string(),
+    );
+    let tokens = vec!["go"; processes * threads];
+    let _: i64 = redis::cmd("RPUSH")
+        .arg("mp:go")
+        .arg(&tokens)
+        .query(&mut srv.conn())
+        .unwrap();
+    Instant::now()
+}
+
 #[test]
 fn no_lost_update_across_processes() {
     const PROCESSES: usize = 3;
@@ -304,19 +321,8 @@ fn no_lost_update_across_processes() {
     let mut workers: Vec<Worker> = (0..PROCESSES)
         .map(|_| Worker::spawn("count", &srv.url(), &vars))
         .collect();
-    wait_until(
-        "every worker process to be ready",
-        Duration::from_secs(30),
-        || srv.cmd(&["GET", "mp:ready"]) == PROCESSES.to_string(),
-    );
+    let started = start_workers(&srv, PROCESSES, THREADS_EACH);
     let mut conn = srv.conn();
-    let started = Instant::now();
-    let tokens = vec!["go"; PROCESSES * THREADS_EACH];
-    let _: i64 = redis::cmd("RPUSH")
-        .arg("mp:go")
-        .arg(&tokens)
-        .query(&mut conn)
-        .unwrap();
     for w in &mut workers {
         w.wait_success(Duration::from_secs(60));
     }
@@ -430,11 +436,6 @@ fn redlock_excludes_across_processes_while_a_master_stops_and_starts() {
     let mut workers: Vec<Worker> = (0..PROCESSES)
         .map(|_| Worker::spawn("redlock-count", &urls, &vars))
         .collect();
-    wait_until(
-        "every worker process to be ready",
-        Duration::from_secs(30),
-        || oracle.cmd(&["GET", "mp:ready"]) == PROCESSES.to_string(),
-    );
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flapping = {
         let stop = std::sync::Arc::clone(&stop);
@@ -455,14 +456,8 @@ fn redlock_excludes_across_processes_while_a_master_stops_and_starts() {
             cycles
         })
     };
+    let started = start_workers(&oracle, PROCESSES, THREADS_EACH);
     let mut conn = oracle.conn();
-    let started = Instant::now();
-    let tokens = vec!["go"; PROCESSES * THREADS_EACH];
-    let _: i64 = redis::cmd("RPUSH")
-        .arg("mp:go")
-        .arg(&tokens)
-        .query(&mut conn)
-        .unwrap();
     for w in &mut workers {
         w.wait_success(Duration::from_secs(120));
     }

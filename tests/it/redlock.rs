@@ -36,6 +36,23 @@ fn urls(servers: &[RedisServer]) -> Vec<String> {
     servers.iter().map(RedisServer::url).collect()
 }
 
+/// A proxy in front of each server (to delay its traffic) and a client of
+/// each through it.
+fn behind_proxies(servers: &[RedisServer]) -> (Vec<Proxy>, Vec<Client>) {
+    let proxies: Vec<Proxy> = servers.iter().map(|s| Proxy::start(s.addr())).collect();
+    let clients = proxies
+        .iter()
+        .map(|p| {
+            Client::builder(p.url())
+                .response_timeout(Duration::from_secs(2))
+                .sync_replicas(0, Duration::ZERO)
+                .build()
+                .expect("client")
+        })
+        .collect();
+    (proxies, clients)
+}
+
 fn red(clients: &[Client], name: &str) -> RedLock {
     RedLock::new(clients.iter().map(|c| c.lock(name)).collect()).expect("RedLock")
 }
@@ -102,17 +119,7 @@ fn redlock_waiter_is_woken_by_a_release() {
 #[test]
 fn redlock_sends_to_all_masters_before_reading_any_reply() {
     let servers = masters(3);
-    let proxies: Vec<Proxy> = servers.iter().map(|s| Proxy::start(s.addr())).collect();
-    let urls: Vec<String> = proxies.iter().map(Proxy::url).collect();
-    let a: Vec<Client> = urls
-        .iter()
-        .map(|u| {
-            Client::builder(u.as_str())
-                .response_timeout(Duration::from_secs(2))
-                .build()
-                .expect("client")
-        })
-        .collect();
+    let (proxies, a) = behind_proxies(&servers);
     let ra = red(&a, "red:rtt");
     // Warm: connections and scripts.
     ra.try_lock_with_lease(Duration::ZERO, Duration::from_secs(30))
@@ -357,18 +364,7 @@ fn a_stopped_master_is_a_failed_vote_not_a_hang() {
 #[test]
 fn a_round_slower_than_the_lease_fails_and_leaves_nothing() {
     let servers = masters(3);
-    let proxies: Vec<Proxy> = servers.iter().map(|s| Proxy::start(s.addr())).collect();
-    let urls: Vec<String> = proxies.iter().map(Proxy::url).collect();
-    let a: Vec<Client> = urls
-        .iter()
-        .map(|u| {
-            Client::builder(u.as_str())
-                .response_timeout(Duration::from_secs(2))
-                .sync_replicas(0, Duration::ZERO)
-                .build()
-                .expect("client")
-        })
-        .collect();
+    let (proxies, a) = behind_proxies(&servers);
     let ra = red(&a, "red:slow");
     ra.lock().expect("warm").unlock().expect("unlock");
     for p in &proxies {
