@@ -656,7 +656,6 @@ impl ClientBuilder {
                     retry_attempts: self.retry_attempts,
                     sync: self.sync,
                     counters: Arc::clone(&counters),
-                    threads: Threads::default(),
                 },
                 c.pubsub,
             );

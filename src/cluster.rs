@@ -78,7 +78,6 @@ pub(crate) struct NodeSettings {
     pub(crate) retry_attempts: u32,
     pub(crate) sync: SyncReplicas,
     pub(crate) counters: Arc<Counters>,
-    pub(crate) threads: Threads,
 }
 
 pub(crate) struct Cluster {
@@ -174,7 +173,9 @@ impl Cluster {
                     s.retry_attempts,
                     s.sync,
                     Arc::clone(&s.counters),
-                    Arc::clone(&s.threads),
+                    // A connect thread of its own: a node that accepts and
+                    // never answers holds only its own dials up.
+                    Threads::default(),
                 )
                 .failing_fast(),
             ),
@@ -299,19 +300,19 @@ impl Cluster {
     /// Reads the slot map (`CLUSTER SLOTS`) now, from the first node that
     /// answers: the one that answered last, then the masters, then the
     /// seeds; with the first map, decides whether pub/sub is sharded. If a
-    /// read is under way, waits for it instead (at most one connection and
-    /// one response timeout per seed).
+    /// read is under way, waits for it instead, for at most one connection
+    /// and one response timeout (a call stays bounded even when the read
+    /// under way tries seeds that do not answer).
     pub(crate) fn refresh(&self) -> Result<()> {
         {
             let mut st = self.refresh.lock();
             if st.running {
-                let per_node = self
-                    .settings
-                    .pool
-                    .connection_timeout
-                    .saturating_add(self.settings.response_timeout);
-                let n = u32::try_from(self.seeds.len() + 3).unwrap_or(u32::MAX);
-                let deadline = Instant::now() + per_node.saturating_mul(n);
+                let deadline = Instant::now()
+                    + self
+                        .settings
+                        .pool
+                        .connection_timeout
+                        .saturating_add(self.settings.response_timeout);
                 while st.running {
                     if self.refreshed.wait_until(&mut st, deadline).timed_out() {
                         break;

@@ -60,7 +60,16 @@ pub(crate) struct Manager {
     epoch: Arc<AtomicU64>,
     /// When the last connection attempt failed (`None` once one succeeds).
     failed_at: Arc<parking_lot::Mutex<Option<Instant>>>,
+    /// When the last dial failed (`None` once one succeeds); with
+    /// `breaker`, no new dial is made within [`DIAL_BREAKER`] of it.
+    dial_failed_at: Arc<parking_lot::Mutex<Option<Instant>>>,
+    breaker: bool,
 }
+
+/// How long a Cluster node whose last dial failed is not dialled again: r2d2
+/// retries a failed connection on and on (and each waiting checkout adds
+/// one), which would dial a dead node many times a second.
+const DIAL_BREAKER: Duration = Duration::from_millis(500);
 
 #[derive(Debug)]
 pub(crate) enum ManagerError {
@@ -93,6 +102,8 @@ impl Manager {
             response_timeout,
             epoch,
             failed_at: Arc::default(),
+            dial_failed_at: Arc::default(),
+            breaker: false,
         }
     }
 }
@@ -104,12 +115,27 @@ impl r2d2::ManageConnection for Manager {
     fn connect(&self) -> Result<Conn, ManagerError> {
         // The epoch is read once the target is resolved: a resolution that
         // finds a new master bumps it, and this connection is to that master.
+        if self.breaker {
+            let recent = self
+                .dial_failed_at
+                .lock()
+                .filter(|t| t.elapsed() < DIAL_BREAKER);
+            if let Some(t) = recent {
+                return Err(ManagerError::Redis(redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "not dialled again yet",
+                    format!("the last dial failed {:?} ago", t.elapsed()),
+                ))));
+            }
+        }
         let mut epoch = 0;
         let opened = self.target.endpoint().and_then(|endpoint| {
             epoch = self.epoch.load(Ordering::Acquire);
             Connection::open(&endpoint, self.connect_timeout, self.response_timeout)
         });
-        *self.failed_at.lock() = opened.is_err().then(Instant::now);
+        let failed = opened.is_err().then(Instant::now);
+        *self.failed_at.lock() = failed;
+        *self.dial_failed_at.lock() = failed;
         match opened {
             Ok(inner) => Ok(Conn {
                 link: Ok(inner),
@@ -315,6 +341,7 @@ impl Redis {
     /// Fails at once while the server is known unreachable (see the field).
     pub(crate) fn failing_fast(mut self) -> Redis {
         self.fail_fast = true;
+        self.manager.breaker = true;
         self
     }
 

@@ -516,10 +516,32 @@ impl Lock {
         }
     }
 
-    /// Subscribes to this lock's release channel on the node serving it.
+    /// Subscribes to this lock's release channel on the node serving it,
+    /// riding out a failover (no node for the slot yet) until `deadline`
+    /// as [`attempt_through_failover`](Lock::attempt_through_failover) does.
     pub(crate) fn subscribe(&self, deadline: Option<Instant>) -> Result<Subscription> {
-        let node = self.router().node(&self.channel)?;
-        node.pubsub.subscribe(&self.channel, &self.name, deadline)
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let subscribed = self
+                .router()
+                .node(&self.channel)
+                .and_then(|node| node.pubsub.subscribe(&self.channel, &self.name, deadline));
+            match subscribed {
+                Err(e) if self.router().can_move() && is_failover_symptom(&e) => {
+                    let wait = jitter(pause, 0.5);
+                    if deadline.is_some_and(|d| Instant::now() + wait >= d) {
+                        return Err(e);
+                    }
+                    log::debug!(
+                        "redlease: subscribing for {:?}: {e}; again in {wait:?}",
+                        self.name
+                    );
+                    std::thread::sleep(wait);
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
+                other => return other,
+            }
+        }
     }
 
     /// [`attempt`](Lock::attempt), tried again (up to the client's

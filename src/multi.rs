@@ -380,14 +380,17 @@ impl Group {
                     notify.wait_until(until);
                     for (i, m) in self.members.iter().enumerate() {
                         let moved = match &subs[i] {
-                            Some(s) => matches!(s.try_take()?, Some(Wake::Moved(_))),
-                            None => false,
+                            Some(s) => match s.try_take()? {
+                                Some(Wake::Moved(to)) => Some(to),
+                                _ => None,
+                            },
+                            None => None,
                         };
-                        if moved {
+                        if let Some(to) = moved {
                             // The channel's slot moved or its node failed
                             // (Cluster): subscribe where it is now.
                             subs[i] = None;
-                            m.router().channel_moved(m.channel(), None);
+                            m.router().channel_moved(m.channel(), to.as_deref());
                             let s = m.subscribe(deadline)?;
                             s.watch(&notify);
                             subs[i] = Some(s);

@@ -910,10 +910,31 @@ impl Inner {
                 }
             }
             if let Some(d) = pause.take() {
-                crossbeam_channel::select! {
-                    recv(stop) -> _ => break,
-                    recv(self.kick.1) -> _ => {}
-                    default(d) => {}
+                // Only a moved master ends the back-off early; a new
+                // channel's kick waits for it (a server that drops us after
+                // each SUBSCRIBE must not be dialled more often).
+                let until = Instant::now() + d;
+                let mut stopped = false;
+                loop {
+                    let left = until.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    crossbeam_channel::select! {
+                        recv(stop) -> _ => {
+                            stopped = true;
+                            break;
+                        }
+                        recv(self.kick.1) -> _ => {
+                            if self.kicked.load(Ordering::Acquire) {
+                                break;
+                            }
+                        }
+                        default(left) => break,
+                    }
+                }
+                if stopped {
+                    break;
                 }
                 continue;
             }
@@ -1092,6 +1113,18 @@ impl Inner {
                         Some(c) if e.code() == "MOVED" => {
                             let to = e.details().and_then(|d| d.split_whitespace().nth(1));
                             self.move_channel(&c, to);
+                        }
+                        // A cluster failing over or reconfiguring: the
+                        // waiters subscribe again (where the slot is then)
+                        // rather than fail.
+                        Some(c)
+                            if self.cluster.is_some()
+                                && matches!(
+                                    e.code(),
+                                    "CLUSTERDOWN" | "TRYAGAIN" | "LOADING" | "MASTERDOWN"
+                                ) =>
+                        {
+                            self.move_channel(&c, None);
                         }
                         Some(c) => self.fail_channel(&c, &e),
                         None => log::warn!("redlease-pubsub: redis refused a command ({e})"),

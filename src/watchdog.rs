@@ -579,6 +579,10 @@ impl Inner {
             .round_trips
             .fetch_add(jobs.len() as u64, Ordering::Relaxed);
         let results = fan_out(&jobs);
+        // Once a renewal run again on its own fails, the others wait for
+        // the next try (soon): one bad node must not cost this thread a
+        // response timeout per redirected chunk.
+        let mut retry_failed = false;
         for (group, result) in groups.iter().zip(results) {
             let replies = match result {
                 Ok((_, Synced::No { wanted, acked })) => {
@@ -618,19 +622,26 @@ impl Inner {
                         // fails while they are split between the nodes, one
                         // on a single key follows it. One by one, then.
                         for &i in chunk {
-                            if let Some(v) = self.renew_again(batch, &gens, &[i]) {
-                                match parse_renewal(v, 1) {
+                            if retry_failed {
+                                break;
+                            }
+                            match self.renew_again(batch, &gens, &[i]) {
+                                Some(v) => match parse_renewal(v, 1) {
                                     Ok(mut one) => outcomes[i] = one.pop(),
                                     Err(e) => log::warn!("redlease-watchdog: {e}; retrying"),
-                                }
+                                },
+                                None => retry_failed = true,
                             }
                         }
                         continue;
                     }
-                    redis::Value::ServerError(e) if is_passing(e.code()) => {
+                    redis::Value::ServerError(e) if is_passing(e.code()) && !retry_failed => {
                         match self.renew_again(batch, &gens, chunk) {
                             Some(v) => v,
-                            None => continue,
+                            None => {
+                                retry_failed = true;
+                                continue;
+                            }
                         }
                     }
                     redis::Value::ServerError(e) => {

@@ -680,3 +680,46 @@ fn a_lazy_client_reads_the_slot_map_once_for_concurrent_first_callers() {
         }
     }
 }
+
+/// A silent master (accepts connections, never answers) with calls piling
+/// up on its slots does not starve the healthy masters of connections: a
+/// lost reply on a healthy master (its pooled connections discarded) is
+/// followed by new connections there at once, and a watched lock there stays
+/// held.
+#[test]
+fn a_silent_master_does_not_starve_the_others_of_connections() {
+    let cluster = Cluster::start_behind_proxies(3, 0, &["--cluster-require-full-coverage", "no"]);
+    let names = cluster.names_on_each_master("starve", 1);
+    let (a_name, b_name) = (names[0][0].clone(), names[1][0].clone());
+    let a = cluster.master_of_slot(cluster.slot_of(&a_name));
+    let b = cluster.master_of_slot(cluster.slot_of(&b_name));
+    let c = Client::cluster_builder(cluster.seeds())
+        .watchdog_timeout(Duration::from_secs(6))
+        .build()
+        .expect("client");
+    let g = c.lock(&b_name).lock().expect("lock on B");
+    a.pause();
+    for i in 0..20 {
+        let _ = c.lock(format!("{{{a_name}}}:{i}")).try_lock();
+    }
+    cluster
+        .proxy_of(b)
+        .add_rule(b"lostreply", crate::support::Fault::DropReply, 1);
+    let _ = c.lock(format!("{{{b_name}}}:lostreply")).try_lock();
+    let started = Instant::now();
+    let mut ok = 0;
+    while started.elapsed() < Duration::from_secs(4) {
+        if c.lock(format!("{{{b_name}}}:after"))
+            .try_lock()
+            .is_ok_and(|g| g.is_some())
+        {
+            ok += 1;
+        }
+        assert!(!g.is_lost(), "the lock on healthy B is kept");
+        thread::sleep(Duration::from_millis(100));
+    }
+    a.resume();
+    println!("{ok} locks on B while A was silent");
+    assert!(ok > 30, "locks on B work while A is silent ({ok} of ~40)");
+    g.ensure_held().expect("held on B");
+}
