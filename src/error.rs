@@ -163,6 +163,19 @@ impl Error {
         }
     }
 
+    /// The same error again, for each of several requests that one failure
+    /// ended (what decides settling, `maybe_applied` and `needs_settle`,
+    /// is kept: connection errors are Redis or pool errors).
+    pub(crate) fn duplicate(&self) -> Error {
+        match self {
+            Error::Redis(e) => Error::Redis(e.clone()),
+            Error::Pool(m) => Error::Pool(m.clone()),
+            Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
+            Error::InvalidUrl(m) => Error::InvalidUrl(m.clone()),
+            other => Error::Pool(other.to_string()),
+        }
+    }
+
     pub(crate) fn invalid(msg: impl Into<String>) -> Error {
         Error::InvalidArgument(msg.into())
     }

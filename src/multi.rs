@@ -15,7 +15,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::connection::{fan_out, Job, Replies, Synced};
+use crate::connection::{fan_out, Job, Synced};
 use crate::error::{Error, Result};
 use crate::guard::{LockGuard, LostListener, Release};
 use crate::lock::{Attempt, Lock, Request, Terms, Wait};
@@ -207,7 +207,10 @@ macro_rules! acquire_methods {
         /// as the members' clients find out (a renewal that finds a member
         /// gone, or that could not be made before its lease ran out). The
         /// members' clients' own `on_lock_lost` callbacks are called for each
-        /// member too. `f` runs on a watchdog thread: keep it short.
+        /// member too. Only reported losses count: a guard with a fixed lease
+        /// that simply runs out calls nothing (check
+        /// [`MultiGuard::ensure_held`]). `f` runs on a watchdog thread: keep
+        /// it short.
         pub fn on_lost(mut self, f: impl Fn(&str) + Send + Sync + 'static) -> Self {
             self.group.on_lost = Some(Arc::new(f));
             self
@@ -274,6 +277,20 @@ impl MultiLock {
             return Err(Error::invalid(
                 "a MultiLock needs member locks: pass the locks to take together",
             ));
+        }
+        for (i, a) in members.iter().enumerate() {
+            let sa = &a.client().shared;
+            if let Some(b) = members[i + 1..].iter().find(|b| {
+                let sb = &b.client().shared;
+                a.name() == b.name() && (Arc::ptr_eq(sa, sb) || sa.server == sb.server)
+            }) {
+                return Err(Error::invalid(format!(
+                    "the MultiLock lists lock {:?} on {} twice: list each lock once (two \
+                     clients of one server could never both hold it)",
+                    b.name(),
+                    sa.server
+                )));
+            }
         }
         let needed = members.len();
         Ok(MultiLock {
@@ -483,6 +500,7 @@ impl Group {
                 members: n,
                 needed: self.needed,
                 valid_until: self.redlock.then_some(valid_until),
+                drift: if self.redlock { drift } else { Duration::ZERO },
                 name: self.name(),
                 _watch: watch,
             }));
@@ -564,26 +582,46 @@ fn one_round_trip(
     mut rerun: impl FnMut(usize) -> Result<(Option<i64>, Synced)>,
 ) -> Vec<Result<(Option<i64>, Synced)>> {
     let nodes: Vec<Result<Arc<Node>>> = targets.iter().map(|(r, k)| r.node(k)).collect();
-    let mut jobs = Vec::with_capacity(targets.len());
-    let mut job_of = Vec::with_capacity(targets.len());
+    // One job per node: its requests pipelined on one connection (a
+    // MultiLock of many locks on one client needs one pooled connection,
+    // not one per member).
+    let mut jobs: Vec<Job<'_>> = Vec::new();
+    let mut job_nodes: Vec<&Arc<Node>> = Vec::new();
+    // Per request: its job and its place in the job's replies.
+    let mut place: Vec<Option<(usize, usize)>> = Vec::with_capacity(targets.len());
     for (node, packed) in nodes.iter().zip(packed) {
-        match node {
-            Ok(node) => {
-                job_of.push(Some(jobs.len()));
+        let Ok(node) = node else {
+            place.push(None);
+            continue;
+        };
+        let j = match job_nodes.iter().position(|n| Arc::ptr_eq(n, node)) {
+            Some(j) => j,
+            None => {
+                job_nodes.push(node);
                 jobs.push(Job {
                     redis: &node.redis,
-                    packed,
-                    count: 1,
+                    packed: Vec::new(),
+                    count: 0,
                 });
+                jobs.len() - 1
             }
-            Err(_) => job_of.push(None),
-        }
+        };
+        place.push(Some((j, jobs[j].count)));
+        jobs[j].packed.extend_from_slice(&packed);
+        jobs[j].count += 1;
     }
-    let mut results: Vec<Option<Replies>> = fan_out(&jobs).into_iter().map(Some).collect();
+    let mut results: Vec<Result<(Vec<Option<redis::Value>>, Synced)>> = fan_out(&jobs)
+        .into_iter()
+        .map(|r| r.map(|(values, synced)| (values.into_iter().map(Some).collect(), synced)))
+        .collect();
     let mut replies = Vec::with_capacity(targets.len());
     for (i, node) in nodes.iter().enumerate() {
-        let reply = match (job_of[i].and_then(|j| results[j].take()), node) {
-            (Some(Ok((values, synced))), _) => match values.into_iter().next() {
+        let taken = place[i].map(|(j, k)| match &mut results[j] {
+            Ok((values, synced)) => Ok((values.get_mut(k).and_then(Option::take), *synced)),
+            Err(e) => Err(e.duplicate()),
+        });
+        let reply = match (taken, node) {
+            (Some(Ok((value, synced))), _) => match value {
                 Some(redis::Value::Nil) => Ok((None, synced)),
                 Some(redis::Value::Int(n)) => Ok((Some(n), synced)),
                 Some(redis::Value::ServerError(e))
@@ -623,6 +661,8 @@ pub struct MultiGuard {
     /// A RedLock's validity: the acquisition's send time plus the lease less
     /// the clock drift allowance (renewals extend the members, not this).
     valid_until: Option<Instant>,
+    /// A RedLock's clock-drift allowance (zero for a MultiLock).
+    drift: Duration,
     name: String,
     /// Kept alive while the guard is: the members' loss listeners hold it
     /// weakly.
@@ -630,10 +670,16 @@ pub struct MultiGuard {
 }
 
 impl MultiGuard {
-    /// Members held now (not lost, inside their confirmed lease).
+    /// Members held now: not lost, and inside their confirmed lease (for a
+    /// RedLock, less the clock-drift allowance: a master whose clock runs
+    /// a little fast may expire a member that early).
     #[must_use]
     pub fn held(&self) -> usize {
-        self.guards.iter().filter(|g| !g.is_lost()).count()
+        let now = Instant::now();
+        self.guards
+            .iter()
+            .filter(|g| !g.is_lost() && now + self.drift < g.valid_until())
+            .count()
     }
 
     /// Members the lock needs held: all for a MultiLock, a majority for a

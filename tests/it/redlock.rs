@@ -445,3 +445,73 @@ fn on_lost_fires_once_the_majority_is_gone() {
     thread::sleep(Duration::from_millis(700));
     assert_eq!(fired.load(Ordering::SeqCst), 1, "once");
 }
+
+/// A MultiLock listing one lock twice (on one client, or on two clients of
+/// one server) is refused: it would hold one lock as two holds, or could
+/// never be taken at all.
+#[test]
+fn multilock_refuses_a_lock_listed_twice() {
+    let srv = RedisServer::start();
+    let c = Client::builder(srv.url()).build_lazy().expect("client");
+    let d = Client::builder(srv.url()).build_lazy().expect("client");
+    let e = MultiLock::new(vec![c.lock("dup"), c.lock("other"), c.lock("dup")])
+        .expect_err("listed twice");
+    assert!(e.to_string().contains("twice"), "{e}");
+    let e = MultiLock::new(vec![c.lock("dup"), d.lock("dup")]).expect_err("one server");
+    assert!(e.to_string().contains("twice"), "{e}");
+    assert!(MultiLock::new(vec![c.lock("dup"), d.lock("other")]).is_ok());
+}
+
+/// A MultiLock's members on one node share one pooled connection per round:
+/// more members than the pool has connections, and several threads at once.
+#[test]
+fn multilock_needs_one_connection_per_node_not_per_member() {
+    let srv = RedisServer::start();
+    let c = Client::builder(srv.url())
+        .pool_size(2)
+        .sync_replicas(0, Duration::ZERO)
+        .build()
+        .expect("client");
+    let (tx, rx) = mpsc::channel();
+    for t in 0..4 {
+        let c = c.clone();
+        let tx = tx.clone();
+        thread::spawn(move || {
+            let m = MultiLock::new((0..3).map(|i| c.lock(format!("pool:{t}:{i}"))).collect())
+                .expect("MultiLock");
+            let mut errors = 0;
+            for _ in 0..20 {
+                match m.try_lock() {
+                    Ok(Some(g)) => g.unlock().expect("unlock"),
+                    Ok(None) => panic!("nobody else takes these"),
+                    Err(_) => errors += 1,
+                }
+            }
+            tx.send(errors).expect("report");
+        });
+    }
+    let errors: u32 = (0..4)
+        .map(|_| rx.recv_timeout(WAIT).expect("a thread reports"))
+        .sum();
+    assert_eq!(errors, 0, "no attempt failed for want of connections");
+}
+
+/// `ensure_held()` of a RedLock stops at its validity, which leaves room for
+/// the masters' clocks to drift (1 % of the lease + 2 ms before the lease).
+#[test]
+fn redlock_validity_leaves_room_for_clock_drift() {
+    let servers = masters(3);
+    let a = clients(&urls(&servers));
+    let g = red(&a, "red:validity")
+        .lock_with_lease(Duration::from_millis(1000))
+        .expect("lock");
+    let validity = g.acquired_validity().expect("a RedLock's validity");
+    g.ensure_held().expect("inside the validity");
+    while Instant::now() < validity + Duration::from_millis(1) {
+        thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        g.ensure_held().is_err(),
+        "past the validity, though the members' leases have ~12 ms left"
+    );
+}
