@@ -183,6 +183,24 @@ impl Client {
         b
     }
 
+    /// A handle on the fenced lock named `name` (Redisson's `RFencedLock`):
+    /// a [`Lock`] whose every acquisition, re-entries included, also takes a
+    /// new fencing token from `redisson_lock_token:{<name>}` (an integer that
+    /// only grows and never expires), given by [`LockGuard::token`]. The
+    /// lock itself is the reentrant lock: plain locks of the same name
+    /// exclude it and are excluded by it, but take no token.
+    ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+    /// let guard = client.fenced_lock("ledger").lock()?;
+    /// assert!(guard.token().is_some());
+    /// # Ok(()) }
+    /// ```
+    pub fn fenced_lock(&self, name: impl Into<String>) -> Lock {
+        Lock::fenced(self.clone(), name.into())
+    }
+
     /// A handle on the lock named `name` (any UTF-8, including braces,
     /// newlines and NUL). Cheap and infallible: the name is checked when the
     /// lock is used.

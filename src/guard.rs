@@ -563,19 +563,49 @@ pub struct LockGuard {
     hold: Arc<Hold>,
     /// Taken without a lease: renewed by the watchdog.
     watched: bool,
+    /// A fenced lock's token for this acquisition.
+    token: Option<u64>,
     done: bool,
     _not_send: PhantomData<std::sync::MutexGuard<'static, ()>>,
 }
 
 impl LockGuard {
-    pub(crate) fn new(client: Client, hold: Arc<Hold>, watched: bool) -> LockGuard {
+    pub(crate) fn new(
+        client: Client,
+        hold: Arc<Hold>,
+        watched: bool,
+        token: Option<u64>,
+    ) -> LockGuard {
         LockGuard {
             client,
             hold,
             watched,
+            token,
             done: false,
             _not_send: PhantomData,
         }
+    }
+
+    /// The fencing token of this acquisition, for a lock from
+    /// [`Client::fenced_lock`](crate::Client::fenced_lock) (`None` for a
+    /// plain lock): it grows with every acquisition of the lock, re-entries
+    /// included, by any client (Redisson's `RFencedLock` too). Pass it with
+    /// each write to the protected resource, and have the resource refuse a
+    /// token lower than the highest it has seen: a holder that lost the lock
+    /// without knowing it (a pause longer than its lease) is then refused.
+    ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+    /// let guard = client.fenced_lock("ledger").lock()?;
+    /// let token = guard.token().expect("a fenced lock has a token");
+    /// // storage.write_if_newer(token, entry)?;
+    /// # let _ = token;
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn token(&self) -> Option<u64> {
+        self.token
     }
 
     /// The lock's name.

@@ -12,7 +12,7 @@ use crate::guard::{
 };
 use crate::pubsub::{Subscription, Wake};
 use crate::router::Router;
-use crate::scripts::{self, LockRef};
+use crate::scripts::{self, AcquireReply, LockRef};
 use crate::watchdog::jitter;
 
 /// The shortest renewal interval the watchdog accepts. Renewing thousands of
@@ -66,6 +66,8 @@ pub struct Lock {
     /// The release channel, computed once.
     channel: String,
     renew_interval: Option<Duration>,
+    /// A fenced lock's token key (Redisson's RFencedLock), computed once.
+    token_key: Option<String>,
 }
 
 pub(crate) enum Wait {
@@ -129,6 +131,15 @@ impl Lock {
             channel: scripts::channel_name(&name),
             name,
             renew_interval: None,
+            token_key: None,
+        }
+    }
+
+    /// A fenced lock (see [`Client::fenced_lock`]).
+    pub(crate) fn fenced(client: Client, name: String) -> Lock {
+        Lock {
+            token_key: Some(scripts::token_name(&name)),
+            ..Lock::new(client, name)
         }
     }
 
@@ -661,6 +672,7 @@ impl Lock {
         scripts::Acquire {
             lock: self.lock_ref(r),
             marker: &r.marker,
+            token: self.token_key.as_deref(),
             unsettled: keys(&r.pending),
             lease_ms: r.lease_ms,
             count: r.held + 1,
@@ -679,7 +691,7 @@ impl Lock {
     }
 
     /// Sends `request` on its own (one round trip, routed).
-    pub(crate) fn send(&self, r: &Request) -> Result<(Option<i64>, Synced)> {
+    pub(crate) fn send(&self, r: &Request) -> Result<(AcquireReply, Synced)> {
         let script = self.script(r);
         self.router()
             .run_synced(&self.name, |conn| script.run(conn))
@@ -693,7 +705,7 @@ impl Lock {
         &self,
         terms: &Terms,
         r: Request,
-        reply: Result<(Option<i64>, Synced)>,
+        reply: Result<(AcquireReply, Synced)>,
     ) -> Result<Attempt> {
         let shared = &self.client.shared;
         let Request {
@@ -713,7 +725,7 @@ impl Lock {
             field: &r.field,
         };
         let unsynced = match &reply {
-            Ok((None, Synced::No { wanted, acked })) => Some(Error::ReplicaSync {
+            Ok((r, Synced::No { wanted, acked })) if r.busy.is_none() => Some(Error::ReplicaSync {
                 name: self.name.clone(),
                 wanted: *wanted,
                 acked: *acked,
@@ -747,12 +759,13 @@ impl Lock {
             }
         };
         settle(shared.id, &pending);
-        if reply.is_some() {
+        let AcquireReply { busy, token } = reply;
+        if busy.is_some() {
             if let Some(h) = &existing {
                 h.aborted();
             }
         }
-        match reply {
+        match busy {
             None => {}
             Some(-4) => {
                 // This thread's earlier holds are gone on the server (lease ran
@@ -786,7 +799,7 @@ impl Lock {
             }
         };
         let first_watched = hold.acquired(terms.lease_ms, watched);
-        let guard = LockGuard::new(self.client.clone(), Arc::clone(&hold), watched);
+        let guard = LockGuard::new(self.client.clone(), Arc::clone(&hold), watched, token);
         if let (true, Some(interval)) = (first_watched, terms.renew) {
             // The guard releases the lock if the watchdog cannot start.
             shared

@@ -21,6 +21,7 @@ use crate::guard::{LockGuard, LostListener, Release};
 use crate::lock::{Attempt, Lock, Request, Terms, Wait};
 use crate::pubsub::{Notify, Subscription, Wake};
 use crate::router::{Node, Router};
+use crate::scripts::AcquireReply;
 use crate::watchdog::jitter;
 
 /// A lock on a majority of independent Redis masters: the RedLock algorithm
@@ -438,7 +439,9 @@ impl Group {
             .zip(&requests)
             .map(|(m, r)| m.command(r).get_packed_command())
             .collect();
-        let replies = one_round_trip(&targets, packed, |i| self.members[i].send(&requests[i]));
+        let replies = one_round_trip(&targets, packed, AcquireReply::parse, |i| {
+            self.members[i].send(&requests[i])
+        });
         let mut round = Round {
             guards: Vec::new(),
             busy: Vec::new(),
@@ -557,7 +560,7 @@ fn release_all(guards: Vec<LockGuard>) -> Result<()> {
         .iter()
         .map(|(g, step)| g.release_command(&step.request).get_packed_command())
         .collect();
-    let replies = one_round_trip(&targets, packed, |i| {
+    let replies = one_round_trip(&targets, packed, release_reply, |i| {
         let (g, step) = &sending[i];
         g.send_release(&step.request)
     });
@@ -570,17 +573,31 @@ fn release_all(guards: Vec<LockGuard>) -> Result<()> {
     first.map_or(Ok(()), Err)
 }
 
+/// release.lua's reply: nil, or an integer.
+fn release_reply(v: redis::Value) -> redis::RedisResult<Option<i64>> {
+    match v {
+        redis::Value::Nil => Ok(None),
+        redis::Value::Int(n) => Ok(Some(n)),
+        _ => Err((
+            redis::ErrorKind::Parse,
+            "unexpected reply to the release script",
+        )
+            .into()),
+    }
+}
+
 /// Sends one script request per target (request `i` to the node of
 /// `targets[i]`'s key) before reading any reply: about one round trip of
 /// the slowest node. Returns each script's reply (nil or an integer) with
 /// what replica sync said; a request Redis did not run there and then
 /// (script cache lost, slot moved or migrating, a passing refusal) is run
 /// again on its own with `rerun(i)`, routed.
-fn one_round_trip(
+fn one_round_trip<T>(
     targets: &[(&Router, &str)],
     packed: Vec<Vec<u8>>,
-    mut rerun: impl FnMut(usize) -> Result<(Option<i64>, Synced)>,
-) -> Vec<Result<(Option<i64>, Synced)>> {
+    parse: impl Fn(redis::Value) -> redis::RedisResult<T>,
+    mut rerun: impl FnMut(usize) -> Result<(T, Synced)>,
+) -> Vec<Result<(T, Synced)>> {
     let nodes: Vec<Result<Arc<Node>>> = targets.iter().map(|(r, k)| r.node(k)).collect();
     // One job per node: its requests pipelined on one connection (a
     // MultiLock of many locks on one client needs one pooled connection,
@@ -622,8 +639,6 @@ fn one_round_trip(
         });
         let reply = match (taken, node) {
             (Some(Ok((value, synced))), _) => match value {
-                Some(redis::Value::Nil) => Ok((None, synced)),
-                Some(redis::Value::Int(n)) => Ok((Some(n), synced)),
                 Some(redis::Value::ServerError(e))
                     if matches!(
                         e.code(),
@@ -633,9 +648,10 @@ fn one_round_trip(
                     rerun(i)
                 }
                 Some(redis::Value::ServerError(e)) => Err(Error::Redis(e.into())),
-                _ => Err(Error::Redis(redis::RedisError::from((
+                Some(v) => parse(v).map(|t| (t, synced)).map_err(Error::Redis),
+                None => Err(Error::Redis(redis::RedisError::from((
                     redis::ErrorKind::Parse,
-                    "unexpected reply to a lock script",
+                    "a reply of a lock script is missing",
                 )))),
             },
             (Some(Err(e)), _) => Err(e),

@@ -93,6 +93,9 @@ pub(crate) struct LockRef<'a> {
 pub(crate) struct Acquire<'a> {
     pub(crate) lock: LockRef<'a>,
     pub(crate) marker: &'a str,
+    /// The fenced lock's token key (see [`token_name`]), `None` for a plain
+    /// reentrant lock.
+    pub(crate) token: Option<&'a str>,
     pub(crate) unsettled: Vec<&'a str>,
     pub(crate) lease_ms: u64,
     pub(crate) count: u32,
@@ -102,31 +105,73 @@ pub(crate) struct Acquire<'a> {
 impl Acquire<'_> {
     fn fill(&self, cmd: &mut Cmd) {
         cmd.arg(self.lock.name).arg(self.marker);
+        if let Some(token) = self.token {
+            cmd.arg(token);
+        }
         for key in &self.unsettled {
             cmd.arg(*key);
         }
         cmd.arg(self.lease_ms)
             .arg(self.lock.field)
             .arg(self.count)
-            .arg(self.gen);
+            .arg(self.gen)
+            .arg(if self.token.is_some() { "1" } else { "0" });
         if !self.unsettled.is_empty() {
             cmd.arg(LATE_REQUEST_WINDOW_MS);
         }
     }
 
     fn keys(&self) -> usize {
-        2 + self.unsettled.len()
+        2 + usize::from(self.token.is_some()) + self.unsettled.len()
     }
 
     /// Runs it in one round trip.
-    pub(crate) fn run(&self, conn: &mut crate::transport::Connection) -> RedisResult<Option<i64>> {
-        ACQUIRE.run(conn, self.keys(), |cmd| self.fill(cmd))
+    pub(crate) fn run(&self, conn: &mut crate::transport::Connection) -> RedisResult<AcquireReply> {
+        AcquireReply::parse(ACQUIRE.run(conn, self.keys(), |cmd| self.fill(cmd))?)
     }
 
     /// Its EVALSHA command, for a round trip shared with other requests.
     pub(crate) fn command(&self) -> Cmd {
         ACQUIRE.evalsha(self.keys(), 512, |cmd| self.fill(cmd))
     }
+}
+
+/// What acquire.lua answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct AcquireReply {
+    /// `None` when acquired; else the script's code or the holder's PTTL.
+    pub(crate) busy: Option<i64>,
+    /// A fenced lock's new token, when acquired.
+    pub(crate) token: Option<u64>,
+}
+
+impl AcquireReply {
+    /// Parses the script's reply.
+    pub(crate) fn parse(v: redis::Value) -> RedisResult<AcquireReply> {
+        match v {
+            redis::Value::Nil => Ok(AcquireReply {
+                busy: None,
+                token: None,
+            }),
+            redis::Value::Int(n) => Ok(AcquireReply {
+                busy: Some(n),
+                token: None,
+            }),
+            redis::Value::Array(items) => match items.as_slice() {
+                [redis::Value::Int(t)] => Ok(AcquireReply {
+                    busy: None,
+                    token: u64::try_from(*t).ok(),
+                }),
+                _ => Err((ErrorKind::Parse, "unexpected reply to the acquire script").into()),
+            },
+            _ => Err((ErrorKind::Parse, "unexpected reply to the acquire script").into()),
+        }
+    }
+}
+
+/// The token key of fenced lock `name` (Redisson's RFencedLock).
+pub(crate) fn token_name(name: &str) -> String {
+    prefix_name("redisson_lock_token", name, 0)
 }
 
 /// release.lua's request: `None` when the owner's field is gone, `Some(0)`

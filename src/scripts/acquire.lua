@@ -1,22 +1,33 @@
--- Acquire or re-enter a reentrant lock (Redisson RLock layout).
+-- Acquire or re-enter a reentrant lock (Redisson RLock layout), fenced or not.
 -- KEYS[1] lock hash          KEYS[2] cancel marker of this request
--- KEYS[3..] cancel markers / unlock latches of this owner's earlier requests
---           whose reply was lost and that are not settled yet: set here, so a
---           copy of them still on its way can no longer apply
+-- KEYS[3] fenced only: the token key redisson_lock_token:{<name>} (Redisson's
+--         RFencedLock), incremented on every acquisition, re-entry included,
+--         and never given a TTL
+-- KEYS[3..] (KEYS[4..] when fenced) cancel markers / unlock latches of this
+--           owner's earlier requests whose reply was lost and that are not
+--           settled yet: set here, so a copy of them still on its way can no
+--           longer apply
 -- ARGV[1] lease in ms        ARGV[2] owner field <client-uuid>:<thread-id>
 -- ARGV[3] hold count after this acquisition (the caller's local count + 1)
 -- ARGV[4] generation: this request's id, written to the field <owner>:gen so
 --         that a renewal taken for an earlier state of the hold cannot apply
--- ARGV[5] TTL in ms of the keys in KEYS[3..] (given only with them)
--- Returns nil when acquired, -3 when the caller already cancelled this request,
--- -4 when the caller believes it holds the lock (re-entry) but its field is
--- gone (its holds were lost: lease ran out, deleted) -- nothing is written and
--- it must acquire afresh --, else the holder's remaining TTL in ms (PTTL; -1
--- if the holder set no lease).
+-- ARGV[5] '1' when fenced, else '0'
+-- ARGV[6] TTL in ms of the earlier requests' keys (given only with them)
+-- Returns nil when acquired ({token} when fenced), -3 when the caller already
+-- cancelled this request, -4 when the caller believes it holds the lock
+-- (re-entry) but its field is gone (its holds were lost: lease ran out,
+-- deleted) -- nothing is written and it must acquire afresh --, else the
+-- holder's remaining TTL in ms (PTTL; -1 if the holder set no lease).
 -- The count is written absolutely (HSET, not HINCRBY), so running the same
--- request twice after a lost reply cannot count one acquisition twice.
-for i = 3, #KEYS do
-    redis.call('set', KEYS[i], 1, 'px', ARGV[5])
+-- request twice after a lost reply cannot count one acquisition twice (a
+-- fenced one takes a new token: tokens only grow).
+local fenced = ARGV[5] == '1'
+local first = 3
+if fenced then
+    first = 4
+end
+for i = first, #KEYS do
+    redis.call('set', KEYS[i], 1, 'px', ARGV[6])
 end
 if redis.call('exists', KEYS[2]) == 1 then
     return -3
@@ -32,6 +43,9 @@ end
 if mine then
     redis.call('hset', KEYS[1], ARGV[2], ARGV[3], ARGV[2] .. ':gen', ARGV[4])
     redis.call('pexpire', KEYS[1], ARGV[1])
+    if fenced then
+        return {redis.call('incr', KEYS[3])}
+    end
     return nil
 end
 if tonumber(ARGV[3]) > 1 then

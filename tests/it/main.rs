@@ -17,6 +17,7 @@ mod faults_cut;
 mod faults_pubsub;
 mod faults_restart;
 mod faults_stall;
+mod fenced;
 mod lock;
 mod redisson_interop;
 mod redlock;
