@@ -55,6 +55,7 @@ fn worker() {
         "hold-lease" => hold_worker(&url, true),
         "hold-watchdog" => hold_worker(&url, false),
         "redlock-count" => redlock_worker(&url),
+        "fenced-tokens" => fenced_worker(&url),
         "redlock-hold" => redlock_hold_worker(&url),
         other => panic!("unknown worker role {other:?}"),
     }
@@ -178,6 +179,48 @@ fn redlock_worker(urls: &str) {
                         eprintln!("unlock: {e}");
                     }
                     done += 1;
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("a worker thread panicked");
+    }
+}
+
+/// Fenced-lock workers: each thread takes the fenced lock ROUNDS times and,
+/// while holding it, appends its token to a list (in the order the lock was
+/// held).
+fn fenced_worker(url: &str) {
+    let threads = env_usize(THREADS);
+    let rounds = env_usize(ROUNDS);
+    let client = Client::open(url).expect("worker client");
+    let redis = redis::Client::open(url).unwrap();
+    let mut admin = redis.get_connection().unwrap();
+    let _: i64 = redis::cmd("INCR")
+        .arg("mp:ready")
+        .query(&mut admin)
+        .unwrap();
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let lock = client.fenced_lock(LOCK);
+            let mut conn = redis.get_connection().unwrap();
+            thread::spawn(move || {
+                let go: Option<(String, String)> = redis::cmd("BLPOP")
+                    .arg("mp:go")
+                    .arg(30)
+                    .query(&mut conn)
+                    .unwrap();
+                go.expect("the start signal within 30 s");
+                for _ in 0..rounds {
+                    let guard = lock.lock().expect("lock() in a worker");
+                    let token = guard.token().expect("a fenced lock's token");
+                    let _: i64 = redis::cmd("RPUSH")
+                        .arg("mp:tokens")
+                        .arg(token)
+                        .query(&mut conn)
+                        .unwrap();
+                    guard.unlock().expect("unlock() in a worker");
                 }
             })
         })
@@ -519,4 +562,36 @@ fn killed_redlock_holder_is_waited_out() {
     );
     assert!(delay < HOLDER_LEASE + Duration::from_secs(2), "{delay:?}");
     g.unlock().expect("unlock");
+}
+
+/// Fencing tokens seen by successive holders of a fenced lock across 3
+/// processes x 3 threads strictly increase.
+#[test]
+fn fenced_tokens_increase_across_processes() {
+    const PROCESSES: usize = 3;
+    const THREADS_EACH: usize = 3;
+    const ROUNDS_EACH: usize = 30;
+    let srv = RedisServer::start();
+    let vars = [
+        (THREADS, THREADS_EACH.to_string()),
+        (ROUNDS, ROUNDS_EACH.to_string()),
+    ];
+    let mut workers: Vec<Worker> = (0..PROCESSES)
+        .map(|_| Worker::spawn("fenced-tokens", &srv.url(), &vars))
+        .collect();
+    start_workers(&srv, PROCESSES, THREADS_EACH);
+    for w in &mut workers {
+        w.wait_success(Duration::from_secs(60));
+    }
+    let tokens: Vec<u64> = redis::cmd("LRANGE")
+        .arg("mp:tokens")
+        .arg(0)
+        .arg(-1)
+        .query(&mut srv.conn())
+        .unwrap();
+    assert_eq!(tokens.len(), PROCESSES * THREADS_EACH * ROUNDS_EACH);
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens in the order the lock was held strictly increase"
+    );
 }
