@@ -61,13 +61,16 @@ fn worker() {
     }
 }
 
-/// Waits at the cross-process start gate, then each thread does ROUNDS
-/// GET/SET increments of COUNTER under LOCK.
-fn count_worker(url: &str) {
+/// The worker side of [`start_workers`]: says this process is ready on the
+/// server at `gate_url`, then runs THREADS threads that each wait for the
+/// start signal and then run `body` (made per thread) with a connection to
+/// that server.
+fn gated_threads<F>(gate_url: &str, mut make: impl FnMut() -> F)
+where
+    F: FnOnce(&mut redis::Connection) + Send + 'static,
+{
     let threads = env_usize(THREADS);
-    let rounds = env_usize(ROUNDS);
-    let client = Client::open(url).expect("worker client");
-    let redis = redis::Client::open(url).unwrap();
+    let redis = redis::Client::open(gate_url).unwrap();
     let mut admin = redis.get_connection().unwrap();
     let _: i64 = redis::cmd("INCR")
         .arg("mp:ready")
@@ -75,7 +78,7 @@ fn count_worker(url: &str) {
         .unwrap();
     let handles: Vec<_> = (0..threads)
         .map(|_| {
-            let lock = client.lock(LOCK);
+            let body = make();
             let mut conn = redis.get_connection().unwrap();
             thread::spawn(move || {
                 let go: Option<(String, String)> = redis::cmd("BLPOP")
@@ -84,23 +87,36 @@ fn count_worker(url: &str) {
                     .query(&mut conn)
                     .unwrap();
                 go.expect("the start signal within 30 s");
-                for _ in 0..rounds {
-                    let guard = lock.lock().expect("lock() in a worker");
-                    let n: Option<u64> = redis::cmd("GET").arg(COUNTER).query(&mut conn).unwrap();
-                    let _: () = redis::cmd("SET")
-                        .arg(COUNTER)
-                        .arg(n.unwrap_or(0) + 1)
-                        .query(&mut conn)
-                        .unwrap();
-                    guard.ensure_held().expect("still held");
-                    guard.unlock().expect("unlock() in a worker");
-                }
+                body(&mut conn);
             })
         })
         .collect();
     for h in handles {
         h.join().expect("a worker thread panicked");
     }
+}
+
+/// Waits at the cross-process start gate, then each thread does ROUNDS
+/// GET/SET increments of COUNTER under LOCK.
+fn count_worker(url: &str) {
+    let rounds = env_usize(ROUNDS);
+    let client = Client::open(url).expect("worker client");
+    gated_threads(url, || {
+        let lock = client.lock(LOCK);
+        move |conn: &mut redis::Connection| {
+            for _ in 0..rounds {
+                let guard = lock.lock().expect("lock() in a worker");
+                let n: Option<u64> = redis::cmd("GET").arg(COUNTER).query(conn).unwrap();
+                let _: () = redis::cmd("SET")
+                    .arg(COUNTER)
+                    .arg(n.unwrap_or(0) + 1)
+                    .query(conn)
+                    .unwrap();
+                guard.ensure_held().expect("still held");
+                guard.unlock().expect("unlock() in a worker");
+            }
+        }
+    });
 }
 
 /// The RedLock's masters (comma-separated urls in `URL`): one client each.
@@ -123,111 +139,64 @@ fn redlock_clients(urls: &str) -> Vec<Client> {
 /// masters; inside, INCR of an "inside" counter on the oracle must give 1
 /// (else an overlap is counted), and a GET/SET increment must not be lost.
 fn redlock_worker(urls: &str) {
-    let threads = env_usize(THREADS);
     let rounds = env_usize(ROUNDS);
     let (masters, oracle) = urls.rsplit_once(',').expect("masters,oracle");
     let clients = redlock_clients(masters);
-    let oracle = redis::Client::open(oracle).unwrap();
-    let mut admin = oracle.get_connection().unwrap();
-    let _: i64 = redis::cmd("INCR")
-        .arg("mp:ready")
-        .query(&mut admin)
-        .unwrap();
-    let handles: Vec<_> = (0..threads)
-        .map(|_| {
-            let red = redlease::RedLock::new(clients.iter().map(|c| c.lock(LOCK)).collect())
-                .expect("RedLock");
-            let mut conn = oracle.get_connection().unwrap();
-            thread::spawn(move || {
-                let go: Option<(String, String)> = redis::cmd("BLPOP")
-                    .arg("mp:go")
-                    .arg(30)
-                    .query(&mut conn)
-                    .unwrap();
-                go.expect("the start signal within 30 s");
-                let mut done = 0;
-                while done < rounds {
-                    let guard = match red.try_lock_for(Duration::from_secs(20)) {
-                        Ok(Some(g)) => g,
-                        Ok(None) => panic!("no RedLock within 20 s"),
-                        // A master stopped at the wrong moment: try again.
-                        Err(e) if e.is_connection_error() => continue,
-                        Err(e) => panic!("RedLock in a worker: {e}"),
-                    };
-                    let inside: i64 = redis::cmd("INCR")
-                        .arg("rl:inside")
-                        .query(&mut conn)
-                        .unwrap();
-                    if inside != 1 {
-                        let _: i64 = redis::cmd("INCR")
-                            .arg("rl:overlaps")
-                            .query(&mut conn)
-                            .unwrap();
-                    }
-                    let n: Option<u64> = redis::cmd("GET").arg(COUNTER).query(&mut conn).unwrap();
-                    let _: () = redis::cmd("SET")
-                        .arg(COUNTER)
-                        .arg(n.unwrap_or(0) + 1)
-                        .query(&mut conn)
-                        .unwrap();
-                    let _: i64 = redis::cmd("DECR")
-                        .arg("rl:inside")
-                        .query(&mut conn)
-                        .unwrap();
-                    if let Err(e) = guard.unlock() {
-                        // Completed in the background by the member's client.
-                        eprintln!("unlock: {e}");
-                    }
-                    done += 1;
+    gated_threads(oracle, || {
+        let red = redlease::RedLock::new(clients.iter().map(|c| c.lock(LOCK)).collect())
+            .expect("RedLock");
+        move |conn: &mut redis::Connection| {
+            let mut done = 0;
+            while done < rounds {
+                let guard = match red.try_lock_for(Duration::from_secs(20)) {
+                    Ok(Some(g)) => g,
+                    Ok(None) => panic!("no RedLock within 20 s"),
+                    // A master stopped at the wrong moment: try again.
+                    Err(e) if e.is_connection_error() => continue,
+                    Err(e) => panic!("RedLock in a worker: {e}"),
+                };
+                let inside: i64 = redis::cmd("INCR").arg("rl:inside").query(conn).unwrap();
+                if inside != 1 {
+                    let _: i64 = redis::cmd("INCR").arg("rl:overlaps").query(conn).unwrap();
                 }
-            })
-        })
-        .collect();
-    for h in handles {
-        h.join().expect("a worker thread panicked");
-    }
+                let n: Option<u64> = redis::cmd("GET").arg(COUNTER).query(conn).unwrap();
+                let _: () = redis::cmd("SET")
+                    .arg(COUNTER)
+                    .arg(n.unwrap_or(0) + 1)
+                    .query(conn)
+                    .unwrap();
+                let _: i64 = redis::cmd("DECR").arg("rl:inside").query(conn).unwrap();
+                if let Err(e) = guard.unlock() {
+                    // Completed in the background by the member's client.
+                    eprintln!("unlock: {e}");
+                }
+                done += 1;
+            }
+        }
+    });
 }
 
 /// Fenced-lock workers: each thread takes the fenced lock ROUNDS times and,
 /// while holding it, appends its token to a list (in the order the lock was
 /// held).
 fn fenced_worker(url: &str) {
-    let threads = env_usize(THREADS);
     let rounds = env_usize(ROUNDS);
     let client = Client::open(url).expect("worker client");
-    let redis = redis::Client::open(url).unwrap();
-    let mut admin = redis.get_connection().unwrap();
-    let _: i64 = redis::cmd("INCR")
-        .arg("mp:ready")
-        .query(&mut admin)
-        .unwrap();
-    let handles: Vec<_> = (0..threads)
-        .map(|_| {
-            let lock = client.fenced_lock(LOCK);
-            let mut conn = redis.get_connection().unwrap();
-            thread::spawn(move || {
-                let go: Option<(String, String)> = redis::cmd("BLPOP")
-                    .arg("mp:go")
-                    .arg(30)
-                    .query(&mut conn)
+    gated_threads(url, || {
+        let lock = client.fenced_lock(LOCK);
+        move |conn: &mut redis::Connection| {
+            for _ in 0..rounds {
+                let guard = lock.lock().expect("lock() in a worker");
+                let token = guard.token().expect("a fenced lock's token");
+                let _: i64 = redis::cmd("RPUSH")
+                    .arg("mp:tokens")
+                    .arg(token)
+                    .query(conn)
                     .unwrap();
-                go.expect("the start signal within 30 s");
-                for _ in 0..rounds {
-                    let guard = lock.lock().expect("lock() in a worker");
-                    let token = guard.token().expect("a fenced lock's token");
-                    let _: i64 = redis::cmd("RPUSH")
-                        .arg("mp:tokens")
-                        .arg(token)
-                        .query(&mut conn)
-                        .unwrap();
-                    guard.unlock().expect("unlock() in a worker");
-                }
-            })
-        })
-        .collect();
-    for h in handles {
-        h.join().expect("a worker thread panicked");
-    }
+                guard.unlock().expect("unlock() in a worker");
+            }
+        }
+    });
 }
 
 /// Takes a watched RedLock over the masters in `URL`, says so, and holds it
@@ -351,25 +320,41 @@ fn start_workers(srv: &RedisServer, processes: usize, threads: usize) -> Instant
     Instant::now()
 }
 
+/// Runs `processes` workers of `role` (`threads` threads x `rounds` each)
+/// against `url`, gated on `gate`, and waits (up to `within`) for all to
+/// succeed; returns how long they ran.
+fn run_workers(
+    role: &str,
+    url: &str,
+    gate: &RedisServer,
+    (processes, threads, rounds): (usize, usize, usize),
+    within: Duration,
+) -> Duration {
+    let vars = [(THREADS, threads.to_string()), (ROUNDS, rounds.to_string())];
+    let mut workers: Vec<Worker> = (0..processes)
+        .map(|_| Worker::spawn(role, url, &vars))
+        .collect();
+    let started = start_workers(gate, processes, threads);
+    for w in &mut workers {
+        w.wait_success(within);
+    }
+    started.elapsed()
+}
+
 #[test]
 fn no_lost_update_across_processes() {
     const PROCESSES: usize = 3;
     const THREADS_EACH: usize = 3;
     const ROUNDS_EACH: usize = 100;
     let srv = RedisServer::start();
-    let vars = [
-        (THREADS, THREADS_EACH.to_string()),
-        (ROUNDS, ROUNDS_EACH.to_string()),
-    ];
-    let mut workers: Vec<Worker> = (0..PROCESSES)
-        .map(|_| Worker::spawn("count", &srv.url(), &vars))
-        .collect();
-    let started = start_workers(&srv, PROCESSES, THREADS_EACH);
+    let took = run_workers(
+        "count",
+        &srv.url(),
+        &srv,
+        (PROCESSES, THREADS_EACH, ROUNDS_EACH),
+        Duration::from_secs(60),
+    );
     let mut conn = srv.conn();
-    for w in &mut workers {
-        w.wait_success(Duration::from_secs(60));
-    }
-    let took = started.elapsed();
     let n: u64 = redis::cmd("GET").arg(COUNTER).query(&mut conn).unwrap();
     assert_eq!(
         n,
@@ -472,13 +457,6 @@ fn redlock_excludes_across_processes_while_a_master_stops_and_starts() {
     let mut urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
     urls.push(oracle.url());
     let urls = urls.join(",");
-    let vars = [
-        (THREADS, THREADS_EACH.to_string()),
-        (ROUNDS, ROUNDS_EACH.to_string()),
-    ];
-    let mut workers: Vec<Worker> = (0..PROCESSES)
-        .map(|_| Worker::spawn("redlock-count", &urls, &vars))
-        .collect();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flapping = {
         let stop = std::sync::Arc::clone(&stop);
@@ -499,14 +477,16 @@ fn redlock_excludes_across_processes_while_a_master_stops_and_starts() {
             cycles
         })
     };
-    let started = start_workers(&oracle, PROCESSES, THREADS_EACH);
-    let mut conn = oracle.conn();
-    for w in &mut workers {
-        w.wait_success(Duration::from_secs(120));
-    }
+    let took = run_workers(
+        "redlock-count",
+        &urls,
+        &oracle,
+        (PROCESSES, THREADS_EACH, ROUNDS_EACH),
+        Duration::from_secs(120),
+    );
     stop.store(true, Ordering::Release);
     let cycles = flapping.join().expect("the flapping thread");
-    let took = started.elapsed();
+    let mut conn = oracle.conn();
     let n: u64 = redis::cmd("GET").arg(COUNTER).query(&mut conn).unwrap();
     let overlaps: Option<u64> = redis::cmd("GET")
         .arg("rl:overlaps")
@@ -572,17 +552,13 @@ fn fenced_tokens_increase_across_processes() {
     const THREADS_EACH: usize = 3;
     const ROUNDS_EACH: usize = 30;
     let srv = RedisServer::start();
-    let vars = [
-        (THREADS, THREADS_EACH.to_string()),
-        (ROUNDS, ROUNDS_EACH.to_string()),
-    ];
-    let mut workers: Vec<Worker> = (0..PROCESSES)
-        .map(|_| Worker::spawn("fenced-tokens", &srv.url(), &vars))
-        .collect();
-    start_workers(&srv, PROCESSES, THREADS_EACH);
-    for w in &mut workers {
-        w.wait_success(Duration::from_secs(60));
-    }
+    run_workers(
+        "fenced-tokens",
+        &srv.url(),
+        &srv,
+        (PROCESSES, THREADS_EACH, ROUNDS_EACH),
+        Duration::from_secs(60),
+    );
     let tokens: Vec<u64> = redis::cmd("LRANGE")
         .arg("mp:tokens")
         .arg(0)
