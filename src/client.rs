@@ -186,7 +186,8 @@ impl Client {
     /// A handle on the fenced lock named `name` (Redisson's `RFencedLock`):
     /// a [`Lock`] whose every acquisition, re-entries included, also takes a
     /// new fencing token from `redisson_lock_token:{<name>}` (an integer that
-    /// only grows and never expires), given by [`LockGuard::token`]. The
+    /// only grows and never expires), given by
+    /// [`LockGuard::token`](crate::LockGuard::token). The
     /// lock itself is the reentrant lock: plain locks of the same name
     /// exclude it and are excluded by it, but take no token.
     ///
