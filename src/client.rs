@@ -183,6 +183,21 @@ impl Client {
         b
     }
 
+    /// A handle on the count-down latch named `name` (Redisson's
+    /// `RCountDownLatch` layout). Cheap and infallible: the name is checked
+    /// when the latch is used.
+    ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+    /// let latch = client.count_down_latch("batch-7");
+    /// latch.try_set_count(2)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn count_down_latch(&self, name: impl Into<String>) -> crate::CountDownLatch {
+        crate::CountDownLatch::new(self.clone(), name.into())
+    }
+
     /// A handle on the fenced lock named `name` (Redisson's `RFencedLock`):
     /// a [`Lock`] whose every acquisition, re-entries included, also takes a
     /// new fencing token from `redisson_lock_token:{<name>}` (an integer that

@@ -119,6 +119,7 @@ mod cluster;
 mod connection;
 mod error;
 mod guard;
+mod latch;
 mod lock;
 mod multi;
 mod pubsub;
@@ -131,6 +132,7 @@ mod watchdog;
 pub use crate::client::{Client, ClientBuilder, ClientStats};
 pub use crate::error::{Error, Result};
 pub use crate::guard::LockGuard;
+pub use crate::latch::CountDownLatch;
 pub use crate::lock::{Lock, MAX_LEASE, MIN_RENEW_INTERVAL};
 pub use crate::multi::{MultiGuard, MultiLock, RedLock};
 

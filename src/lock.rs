@@ -533,10 +533,10 @@ impl Lock {
     pub(crate) fn subscribe(&self, deadline: Option<Instant>) -> Result<Subscription> {
         let mut pause = Duration::from_millis(50);
         loop {
-            let subscribed = self
-                .router()
-                .node(&self.channel)
-                .and_then(|node| node.pubsub.subscribe(&self.channel, &self.name, deadline));
+            let subscribed = self.router().node(&self.channel).and_then(|node| {
+                node.pubsub
+                    .subscribe(&self.channel, &self.name, false, deadline)
+            });
             match subscribed {
                 Err(e) if self.router().can_move() && is_failover_symptom(&e) => {
                     let wait = jitter(pause, 0.5);

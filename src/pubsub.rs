@@ -158,6 +158,9 @@ impl Read for LiveReader<'_> {
 struct Latch {
     state: Mutex<LatchState>,
     wake: Condvar,
+    /// A message wakes every waiter (a count-down latch reaching zero), not
+    /// one (a lock released).
+    wake_all: bool,
 }
 
 struct LatchState {
@@ -215,8 +218,9 @@ impl Notify {
 }
 
 impl Latch {
-    fn new() -> Latch {
+    fn new(wake_all: bool) -> Latch {
         Latch {
+            wake_all,
             state: Mutex::new(LatchState {
                 waiters: 0,
                 permits: 0,
@@ -466,6 +470,7 @@ impl PubSub {
         &self,
         channel: &str,
         lock: &str,
+        wake_all: bool,
         deadline: Option<Instant>,
     ) -> Result<Subscription> {
         self.ensure_started()?;
@@ -492,7 +497,7 @@ impl PubSub {
                 chan.latches
                     .lock()
                     .entry(lock.to_owned())
-                    .or_insert_with(|| Arc::new(Latch::new())),
+                    .or_insert_with(|| Arc::new(Latch::new(wake_all))),
             );
             latch.state.lock().waiters += 1;
             (chan, latch, created)
@@ -1063,9 +1068,10 @@ impl Inner {
                     let channel = self.channels.lock().get(&name).cloned();
                     if let Some(c) = channel {
                         // The payload does not say which lock was released:
-                        // one waiter of each lock on the channel retries.
+                        // one waiter of each lock on the channel retries (or
+                        // all of them, for a count-down latch).
                         for latch in c.latches() {
-                            latch.release(false);
+                            latch.release(latch.wake_all);
                         }
                     }
                     continue;

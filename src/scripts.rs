@@ -36,6 +36,9 @@ lua!(ACQUIRE, "scripts/acquire.lua");
 lua!(RELEASE, "scripts/release.lua");
 lua!(CANCEL_ACQUIRE, "scripts/cancel_acquire.lua");
 lua!(FORCE_UNLOCK, "scripts/force_unlock.lua");
+lua!(LATCH_SET, "scripts/latch_set.lua");
+lua!(LATCH_COUNT_DOWN, "scripts/latch_count_down.lua");
+lua!(LATCH_DELETE, "scripts/latch_delete.lua");
 // The watchdog pipelines this one itself (see `watchdog::renew_batch`).
 lua!(pub(crate) RENEW, "scripts/renew.lua");
 
@@ -167,6 +170,43 @@ impl AcquireReply {
             _ => Err((ErrorKind::Parse, "unexpected reply to the acquire script").into()),
         }
     }
+}
+
+/// A count-down latch's script call: `(key, channel, args)`; 1 or 0, or the
+/// count left.
+pub(crate) fn latch(
+    conn: &mut crate::transport::Connection,
+    op: LatchOp,
+    key: &str,
+    channel: &str,
+    publish: &str,
+) -> RedisResult<i64> {
+    let (script, count) = match op {
+        LatchOp::Set(count) => (&LATCH_SET, Some(count)),
+        LatchOp::CountDown => (&LATCH_COUNT_DOWN, None),
+        LatchOp::Delete => (&LATCH_DELETE, None),
+    };
+    script.run(conn, 2, |cmd| {
+        cmd.arg(key).arg(channel);
+        if let Some(c) = count {
+            cmd.arg(c);
+        }
+        cmd.arg(publish);
+    })
+}
+
+/// What a count-down latch script does.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum LatchOp {
+    Set(u64),
+    CountDown,
+    Delete,
+}
+
+/// The channel of count-down latch `name`: Redisson's literal
+/// `redisson_countdownlatch__channel__{<name>}`.
+pub(crate) fn latch_channel_name(name: &str) -> String {
+    format!("redisson_countdownlatch__channel__{{{name}}}")
 }
 
 /// The token key of fenced lock `name` (Redisson's RFencedLock).

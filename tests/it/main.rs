@@ -18,6 +18,7 @@ mod faults_pubsub;
 mod faults_restart;
 mod faults_stall;
 mod fenced;
+mod latch;
 mod lock;
 mod redisson_interop;
 mod redlock;

@@ -1,0 +1,198 @@
+//! The count-down latch (Redisson's `RCountDownLatch` layout): a count in
+//! Redis that any client counts down; waiters wake when it reaches zero.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use crate::client::Client;
+use crate::error::{Error, Result};
+use crate::guard::far_future;
+use crate::pubsub::{Subscription, Wake};
+use crate::router::Router;
+use crate::scripts::{self, LatchOp};
+
+/// A distributed count-down latch, shared with Redisson's `RCountDownLatch`
+/// on the same name: the count is the string integer at key `<name>`, and
+/// `redisson_countdownlatch__channel__{<name>}` carries `0` when it reaches
+/// zero and `1` when it is set or deleted.
+///
+/// Waiting is by pub/sub: a waiter subscribes, then reads the count, so a
+/// count-down between the two is not missed, and the subscriber wakes every
+/// waiter to look again after it reconnects, so a message missed while it
+/// was away does not strand anyone.
+///
+/// ```no_run
+/// # fn main() -> redlease::Result<()> {
+/// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+/// let ready = client.count_down_latch("workers-ready");
+/// ready.try_set_count(3)?;           // false if the latch already exists
+/// // ... in each of three workers:
+/// ready.count_down()?;
+/// // ... in the coordinator:
+/// ready.wait()?;                     // or wait_for(timeout) -> bool
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+#[must_use = "a CountDownLatch does nothing until one of its methods is called"]
+pub struct CountDownLatch {
+    client: Client,
+    name: String,
+    channel: String,
+}
+
+impl CountDownLatch {
+    pub(crate) fn new(client: Client, name: String) -> CountDownLatch {
+        CountDownLatch {
+            client,
+            channel: scripts::latch_channel_name(&name),
+            name,
+        }
+    }
+
+    /// The latch's name (its key).
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn router(&self) -> &Router {
+        &self.client.shared.router
+    }
+
+    fn check_name(&self) -> Result<()> {
+        if self.name.is_empty() {
+            return Err(Error::invalid(
+                "the latch name is empty: give the latch a non-empty name",
+            ));
+        }
+        if self.router().is_cluster()
+            && crate::cluster::slot(self.name.as_bytes())
+                != crate::cluster::slot(self.channel.as_bytes())
+        {
+            return Err(Error::invalid(format!(
+                "latch name {:?} puts its key and channel in different slots of a Redis \
+                 Cluster (Redisson's channel is redisson_countdownlatch__channel__{{<name>}}): \
+                 use a name without braces",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
+    fn run(&self, op: LatchOp) -> Result<i64> {
+        self.check_name()?;
+        let publish = self.router().publish_command();
+        self.router().run(&self.name, |conn| {
+            scripts::latch(conn, op, &self.name, &self.channel, publish)
+        })
+    }
+
+    /// Sets the count to `count` if the latch does not exist; `false` if it
+    /// does (its count is left as it is).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a count of 0 (a latch at zero does not
+    /// exist: nothing would wait); a Redis or pool error.
+    pub fn try_set_count(&self, count: u64) -> Result<bool> {
+        if count == 0 {
+            return Err(Error::invalid(
+                "a count-down latch needs a count of at least 1 (at zero it is open already)",
+            ));
+        }
+        Ok(self.run(LatchOp::Set(count))? == 1)
+    }
+
+    /// Counts down by one; at zero the latch is removed and every waiter
+    /// wakes. Counting down a latch at zero (or never set) does nothing.
+    /// Returns the count left.
+    ///
+    /// # Errors
+    ///
+    /// A Redis or pool error (the count-down may have happened: it is not
+    /// idempotent, as in Redisson).
+    pub fn count_down(&self) -> Result<u64> {
+        Ok(u64::try_from(self.run(LatchOp::CountDown)?).unwrap_or(0))
+    }
+
+    /// The count now (0 once it reached zero or was deleted).
+    ///
+    /// # Errors
+    ///
+    /// A Redis or pool error.
+    pub fn count(&self) -> Result<u64> {
+        self.check_name()?;
+        let n: Option<i64> = self
+            .router()
+            .run(&self.name, |c| redis::cmd("GET").arg(&self.name).query(c))?;
+        Ok(n.and_then(|n| u64::try_from(n).ok()).unwrap_or(0))
+    }
+
+    /// Deletes the latch (its waiters wake: the count is 0 from now on);
+    /// `false` if there was none.
+    ///
+    /// # Errors
+    ///
+    /// A Redis or pool error.
+    pub fn delete(&self) -> Result<bool> {
+        Ok(self.run(LatchOp::Delete)? == 1)
+    }
+
+    /// Waits until the count is zero (or the latch deleted), as long as it
+    /// takes.
+    ///
+    /// # Errors
+    ///
+    /// A Redis or pool error, or Redis refusing the subscription.
+    pub fn wait(&self) -> Result<()> {
+        self.wait_until(None).map(|_| ())
+    }
+
+    /// Waits up to `timeout` for the count to reach zero; `true` if it did.
+    ///
+    /// # Errors
+    ///
+    /// As for [`wait`](Self::wait).
+    pub fn wait_for(&self, timeout: Duration) -> Result<bool> {
+        self.wait_until(Instant::now().checked_add(timeout))
+    }
+
+    fn wait_until(&self, deadline: Option<Instant>) -> Result<bool> {
+        self.check_name()?;
+        if self.count()? == 0 {
+            return Ok(true);
+        }
+        let mut subscription = self.subscribe(deadline)?;
+        loop {
+            // Read after subscribing: a count-down in between is seen here.
+            if self.count()? == 0 {
+                return Ok(true);
+            }
+            subscription.used();
+            let until = deadline.unwrap_or_else(|| far_future(Instant::now()));
+            match subscription.wait_until(until)? {
+                Wake::Woken => {}
+                Wake::TimedOut => return Ok(self.count()? == 0),
+                Wake::Moved(to) => {
+                    drop(subscription);
+                    self.router().channel_moved(&self.channel, to.as_deref());
+                    subscription = self.subscribe(deadline)?;
+                }
+            }
+        }
+    }
+
+    fn subscribe(&self, deadline: Option<Instant>) -> Result<Subscription> {
+        let node = self.router().node(&self.channel)?;
+        node.pubsub
+            .subscribe(&self.channel, &self.name, true, deadline)
+    }
+}
+
+impl fmt::Debug for CountDownLatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CountDownLatch")
+            .field("name", &self.name)
+            .finish()
+    }
+}
