@@ -209,38 +209,36 @@ impl Cluster {
 
     /// The master of `slot`, reading the slot map first if there is none.
     pub(crate) fn owner(&self, slot: u16) -> Result<Arc<Node>> {
-        if self.owners.read().is_empty() {
-            self.refresh()?;
-        }
-        if let Some(n) = self.owners.read().get(usize::from(slot)).cloned().flatten() {
-            return Ok(n);
-        }
-        self.refresh_soon();
-        self.owners
-            .read()
-            .get(usize::from(slot))
-            .cloned()
-            .flatten()
-            .ok_or_else(|| {
-                Error::Redis(RedisError::from((
-                    redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown),
-                    "no master serves this slot",
-                    format!("slot {slot}: the cluster is down or being reconfigured"),
-                )))
-            })
+        self.ensure_map()?;
+        let owner = self.owners.read().get(usize::from(slot)).cloned().flatten();
+        owner.ok_or_else(|| {
+            // A read of the map in the background; callers that wait retry.
+            self.refresh_soon();
+            Error::Redis(RedisError::from((
+                redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown),
+                "no master serves this slot",
+                format!("slot {slot}: the cluster is down or being reconfigured"),
+            )))
+        })
     }
 
-    /// The owners of many slots at once (one read of the map): `None` for a
-    /// slot no master serves now.
+    /// The owners of many slots at once (one read of the map, made first if
+    /// there is none): `None` for a slot no master serves now.
     pub(crate) fn owners_of(&self, slots: &[u16]) -> Result<Vec<Option<Arc<Node>>>> {
-        if self.owners.read().is_empty() {
-            self.refresh()?;
-        }
+        self.ensure_map()?;
         let owners = self.owners.read();
         Ok(slots
             .iter()
             .map(|&s| owners.get(usize::from(s)).cloned().flatten())
             .collect())
+    }
+
+    /// Reads the slot map if there is none yet.
+    fn ensure_map(&self) -> Result<()> {
+        if self.owners.read().is_empty() {
+            self.refresh()?;
+        }
+        Ok(())
     }
 
     /// Redis said `slot` is served by `node` now (`MOVED`).

@@ -207,7 +207,8 @@ pub(crate) struct Redis {
     /// Set once a refused WAIT was logged.
     wait_refused: std::sync::atomic::AtomicBool,
     born: Instant,
-    /// The thread that opens connections (shared by all nodes of a client).
+    /// The thread that opens its connections (the client's, or on a
+    /// cluster this node's own).
     threads: Threads,
     /// Fail at once, instead of waiting for a connection, while the last
     /// attempt to connect failed (a Cluster node: its slots may be served
@@ -220,8 +221,9 @@ pub(crate) struct Redis {
 const FAST_CHECKOUT: Duration = Duration::from_millis(100);
 
 /// The one thread (`redlease-connect`, not r2d2's default three) that opens
-/// connections for every pool of a client and runs the Sentinel master
-/// check; started with the first pool.
+/// a pool's connections and runs the Sentinel master check; started with the
+/// pool. A Cluster node has its own, so that a node that never answers holds
+/// up only its own dials.
 pub(crate) type Threads = Arc<OnceLock<Arc<scheduled_thread_pool::ScheduledThreadPool>>>;
 
 fn connect_thread(threads: &Threads) -> Arc<scheduled_thread_pool::ScheduledThreadPool> {
@@ -481,9 +483,9 @@ impl Redis {
     /// for the replies.
     ///
     /// Neither this nor [`receive_job`](Self::receive_job) waits for
-    /// anything but the request itself: the replica count it goes by is the
-    /// one known (read again afterwards if stale), and without `wait` it
-    /// takes only an idle pooled connection (`None` if there is none).
+    /// anything but the request itself and a connection (as long as `stage`
+    /// allows; `None` when it gave up for a later stage): the replica count
+    /// it goes by is the one known, read again after the round if stale.
     fn send_job(&self, packed: &[u8], stage: Stage) -> Result<Option<InFlight>> {
         let wait = self.wait_known();
         let mut conn = match stage {
@@ -638,10 +640,7 @@ impl Redis {
     /// The server answered a request: it is reachable.
     fn answered(&self) {
         if self.fail_fast {
-            let mut failed_at = self.manager.failed_at.lock();
-            if failed_at.is_some() {
-                *failed_at = None;
-            }
+            *self.manager.failed_at.lock() = None;
         }
     }
 

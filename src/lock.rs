@@ -528,25 +528,34 @@ impl Lock {
     }
 
     /// Subscribes to this lock's release channel on the node serving it,
-    /// riding out a failover (no node for the slot yet) until `deadline`
-    /// as [`attempt_through_failover`](Lock::attempt_through_failover) does.
+    /// riding out a failover (no node for the slot yet) until `deadline`.
     pub(crate) fn subscribe(&self, deadline: Option<Instant>) -> Result<Subscription> {
+        self.through_failover(deadline, || {
+            let node = self.router().node(&self.channel)?;
+            node.pubsub
+                .subscribe(&self.channel, &self.name, false, deadline)
+        })
+    }
+
+    /// Runs `f` until it succeeds, fails for another reason than a failover
+    /// (no connection, `READONLY`, `MASTERDOWN`, `CLUSTERDOWN`, `TRYAGAIN`, no
+    /// master known yet), or the next try would pass `deadline`; the tries
+    /// are spaced by a growing pause (50 ms to 500 ms, jittered). Only where
+    /// the servers can move (Sentinel, Cluster): else `f` runs once.
+    fn through_failover<T>(
+        &self,
+        deadline: Option<Instant>,
+        mut f: impl FnMut() -> Result<T>,
+    ) -> Result<T> {
         let mut pause = Duration::from_millis(50);
         loop {
-            let subscribed = self.router().node(&self.channel).and_then(|node| {
-                node.pubsub
-                    .subscribe(&self.channel, &self.name, false, deadline)
-            });
-            match subscribed {
+            match f() {
                 Err(e) if self.router().can_move() && is_failover_symptom(&e) => {
                     let wait = jitter(pause, 0.5);
                     if deadline.is_some_and(|d| Instant::now() + wait >= d) {
                         return Err(e);
                     }
-                    log::debug!(
-                        "redlease: subscribing for {:?}: {e}; again in {wait:?}",
-                        self.name
-                    );
+                    log::debug!("redlease: {:?}: {e}; trying again in {wait:?}", self.name);
                     std::thread::sleep(wait);
                     pause = (pause * 2).min(Duration::from_millis(500));
                 }
@@ -571,32 +580,13 @@ impl Lock {
 
     /// [`attempt_synced`](Lock::attempt_synced), riding out a failover of a
     /// Sentinel group's master or of a Cluster master, and a Cluster slot
-    /// migration: a failure they cause (no connection, `READONLY`,
-    /// `MASTERDOWN`, `CLUSTERDOWN`, `TRYAGAIN`, no master known yet) is
-    /// retried after a
-    /// growing pause (50 ms to 500 ms, jittered) until the deadline; an
-    /// error is returned when the next try would pass it.
+    /// migration, until the deadline (see [`through_failover`](Lock::through_failover)).
     fn attempt_through_failover(
         &self,
         terms: &Terms,
         deadline: Option<Instant>,
     ) -> Result<Attempt> {
-        let mut pause = Duration::from_millis(50);
-        loop {
-            match self.attempt_synced(terms) {
-                Err(e) if self.router().can_move() && is_failover_symptom(&e) => {
-                    let now = Instant::now();
-                    let wait = jitter(pause, 0.5);
-                    if deadline.is_some_and(|d| now + wait >= d) {
-                        return Err(e);
-                    }
-                    log::debug!("redlease: {:?}: {e}; trying again in {wait:?}", self.name);
-                    std::thread::sleep(wait);
-                    pause = (pause * 2).min(Duration::from_millis(500));
-                }
-                other => return other,
-            }
-        }
+        self.through_failover(deadline, || self.attempt_synced(terms))
     }
 
     /// [`acquire`](Lock::acquire) with no deadline: it returns only once

@@ -21,7 +21,7 @@ use crate::guard::{LockGuard, LostListener, Release};
 use crate::lock::{Attempt, Lock, Request, Terms, Wait};
 use crate::pubsub::{Notify, Subscription, Wake};
 use crate::router::{Node, Router};
-use crate::scripts::AcquireReply;
+use crate::scripts::{self, AcquireReply};
 use crate::watchdog::jitter;
 
 /// A lock on a majority of independent Redis masters: the RedLock algorithm
@@ -232,20 +232,14 @@ impl RedLock {
                 "a RedLock needs member locks: pass one lock per master (three or more)",
             ));
         }
-        for (i, a) in members.iter().enumerate() {
-            let sa = &a.client().shared;
-            if let Some(b) = members[i + 1..].iter().find(|b| {
-                let sb = &b.client().shared;
-                Arc::ptr_eq(sa, sb) || sa.server == sb.server
-            }) {
-                return Err(Error::invalid(format!(
-                    "two members of a RedLock ({:?} and {:?}) share a client or a server \
-                     ({}): give each member its own client, one per independent master",
-                    a.name(),
-                    b.name(),
-                    sa.server
-                )));
-            }
+        if let Some((a, b)) = same_server(&members, false) {
+            return Err(Error::invalid(format!(
+                "two members of a RedLock ({:?} and {:?}) share a client or a server ({}): \
+                 give each member its own client, one per independent master",
+                a.name(),
+                b.name(),
+                a.client().shared.server
+            )));
         }
         let needed = members.len() / 2 + 1;
         Ok(RedLock {
@@ -279,19 +273,13 @@ impl MultiLock {
                 "a MultiLock needs member locks: pass the locks to take together",
             ));
         }
-        for (i, a) in members.iter().enumerate() {
-            let sa = &a.client().shared;
-            if let Some(b) = members[i + 1..].iter().find(|b| {
-                let sb = &b.client().shared;
-                a.name() == b.name() && (Arc::ptr_eq(sa, sb) || sa.server == sb.server)
-            }) {
-                return Err(Error::invalid(format!(
-                    "the MultiLock lists lock {:?} on {} twice: list each lock once (two \
-                     clients of one server could never both hold it)",
-                    b.name(),
-                    sa.server
-                )));
-            }
+        if let Some((a, _)) = same_server(&members, true) {
+            return Err(Error::invalid(format!(
+                "the MultiLock lists lock {:?} on {} twice: list each lock once (two clients \
+                 of one server could never both hold it)",
+                a.name(),
+                a.client().shared.server
+            )));
         }
         let needed = members.len();
         Ok(MultiLock {
@@ -305,6 +293,22 @@ impl MultiLock {
     }
 
     acquire_methods!();
+}
+
+/// The first two members on one client or one server (with the same name,
+/// when `same_name`).
+fn same_server(members: &[Lock], same_name: bool) -> Option<(&Lock, &Lock)> {
+    members.iter().enumerate().find_map(|(i, a)| {
+        let sa = &a.client().shared;
+        members[i + 1..]
+            .iter()
+            .find(|b| {
+                let sb = &b.client().shared;
+                (!same_name || a.name() == b.name())
+                    && (Arc::ptr_eq(sa, sb) || sa.server == sb.server)
+            })
+            .map(|b| (a, b))
+    })
 }
 
 /// What one round gave.
@@ -639,14 +643,7 @@ fn one_round_trip<T>(
         });
         let reply = match (taken, node) {
             (Some(Ok((value, synced))), _) => match value {
-                Some(redis::Value::ServerError(e))
-                    if matches!(
-                        e.code(),
-                        "NOSCRIPT" | "MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN"
-                    ) =>
-                {
-                    rerun(i)
-                }
+                Some(redis::Value::ServerError(e)) if scripts::not_run_there(e.code()) => rerun(i),
                 Some(redis::Value::ServerError(e)) => Err(Error::Redis(e.into())),
                 Some(v) => parse(v).map(|t| (t, synced)).map_err(Error::Redis),
                 None => Err(Error::Redis(redis::RedisError::from((

@@ -585,26 +585,30 @@ impl Subscription {
         self.held.set(false);
         let mut state = self.latch.state.lock();
         loop {
-            if let Some(e) = &state.failed {
-                return Err(Error::Redis(e.clone()));
-            }
-            if let Some(to) = &state.moved {
-                return Ok(Wake::Moved(to.clone()));
-            }
-            if state.permits > 0 {
-                state.permits -= 1;
-                self.held.set(true);
-                return Ok(Wake::Woken);
+            if let Some(wake) = self.take(&mut state)? {
+                return Ok(wake);
             }
             if self.latch.wake.wait_until(&mut state, until).timed_out() {
-                if let Some(e) = &state.failed {
-                    return Err(Error::Redis(e.clone()));
-                }
-                if state.permits == 0 && state.moved.is_none() {
-                    return Ok(Wake::TimedOut);
-                }
+                return Ok(self.take(&mut state)?.unwrap_or(Wake::TimedOut));
             }
         }
+    }
+
+    /// What happened to this subscription, if anything: a refusal, a move,
+    /// or a wake-up (taken).
+    fn take(&self, state: &mut LatchState) -> Result<Option<Wake>> {
+        if let Some(e) = &state.failed {
+            return Err(Error::Redis(e.clone()));
+        }
+        if let Some(to) = &state.moved {
+            return Ok(Some(Wake::Moved(to.clone())));
+        }
+        if state.permits > 0 {
+            state.permits -= 1;
+            self.held.set(true);
+            return Ok(Some(Wake::Woken));
+        }
+        Ok(None)
     }
 
     /// Has `notify` told of every change of this subscription (a release
@@ -624,18 +628,7 @@ impl Subscription {
     pub(crate) fn try_take(&self) -> Result<Option<Wake>> {
         self.held.set(false);
         let mut state = self.latch.state.lock();
-        if let Some(e) = &state.failed {
-            return Err(Error::Redis(e.clone()));
-        }
-        if let Some(to) = &state.moved {
-            return Ok(Some(Wake::Moved(to.clone())));
-        }
-        if state.permits > 0 {
-            state.permits -= 1;
-            self.held.set(true);
-            return Ok(Some(Wake::Woken));
-        }
-        Ok(None)
+        self.take(&mut state)
     }
 
     /// The retry after the last wake-up got an answer: nothing to pass on.

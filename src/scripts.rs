@@ -306,6 +306,16 @@ pub(crate) fn force_unlock(
     })
 }
 
+/// An error reply that says a script did not run there and then (its cache
+/// was lost, its slot moved or is moving, the node is failing over, loading
+/// or busy): running it again, elsewhere or in a moment, may work.
+pub(crate) fn not_run_there(code: &str) -> bool {
+    matches!(
+        code,
+        "NOSCRIPT" | "MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN" | "LOADING" | "BUSY"
+    )
+}
+
 pub(crate) fn is_noscript(e: &redis::RedisError) -> bool {
     e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }

@@ -635,7 +635,9 @@ impl Inner {
                         }
                         continue;
                     }
-                    redis::Value::ServerError(e) if is_passing(e.code()) && !retry_failed => {
+                    redis::Value::ServerError(e)
+                        if scripts::not_run_there(e.code()) && !retry_failed =>
+                    {
                         match self.renew_again(batch, &gens, chunk) {
                             Some(v) => v,
                             None => {
@@ -740,15 +742,6 @@ impl Inner {
             }
         }
     }
-}
-
-/// An error reply that says the script did not run there and then, and
-/// running it again (elsewhere, or in a moment) may work.
-fn is_passing(code: &str) -> bool {
-    matches!(
-        code,
-        "NOSCRIPT" | "MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN" | "LOADING" | "BUSY"
-    )
 }
 
 /// The renewal script call for the locks at `chunk` (indices into `batch`).
