@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::guard::far_future;
-use crate::pubsub::{Subscription, Wake};
+use crate::pubsub::{Subscription, Wake, WakeRule};
 use crate::router::Router;
 use crate::scripts::{self, LatchOp};
 
@@ -185,7 +185,7 @@ impl CountDownLatch {
     fn subscribe(&self, deadline: Option<Instant>) -> Result<Subscription> {
         let node = self.router().node(&self.channel)?;
         node.pubsub
-            .subscribe(&self.channel, &self.name, true, deadline)
+            .subscribe(&self.channel, &self.name, WakeRule::All, deadline)
     }
 }
 

@@ -127,6 +127,7 @@ mod router;
 mod scripts;
 mod target;
 mod transport;
+mod waiting;
 mod watchdog;
 
 pub use crate::client::{Client, ClientBuilder, ClientStats};

@@ -10,10 +10,11 @@ use crate::error::{Error, Result};
 use crate::guard::{
     insert_hold, keys, owner_state, settle, settle_later, Hold, LockGuard, Lost, Unsettled,
 };
-use crate::pubsub::{Subscription, Wake};
+use crate::pubsub::{Subscription, WakeRule};
 use crate::router::Router;
 use crate::scripts::{self, AcquireReply, LockRef};
-use crate::watchdog::jitter;
+use crate::waiting::Waiters;
+pub(crate) use crate::waiting::{Attempt, Wait};
 
 /// The shortest renewal interval the watchdog accepts. Renewing thousands of
 /// locks more often than this would turn the watchdog into a load on Redis.
@@ -70,29 +71,6 @@ pub struct Lock {
     token_key: Option<String>,
 }
 
-pub(crate) enum Wait {
-    No,
-    Until(Instant),
-    Forever,
-}
-
-impl Wait {
-    pub(crate) fn after(d: Duration) -> Wait {
-        match Instant::now().checked_add(d) {
-            Some(at) => Wait::Until(at),
-            None => Wait::Forever,
-        }
-    }
-
-    pub(crate) fn deadline(&self) -> Option<Instant> {
-        match self {
-            Wait::No => Some(Instant::now()),
-            Wait::Until(at) => Some(*at),
-            Wait::Forever => None,
-        }
-    }
-}
-
 /// What one acquisition asks for.
 pub(crate) struct Terms {
     pub(crate) lease_ms: u64,
@@ -116,12 +94,6 @@ pub(crate) struct Request {
     n: u64,
     marker: String,
     sent: Instant,
-}
-
-pub(crate) enum Attempt {
-    Acquired(LockGuard),
-    /// The holder's remaining lease (`None`: no lease set).
-    Busy(Option<Duration>),
 }
 
 impl Lock {
@@ -486,87 +458,32 @@ impl Lock {
 
     /// Try; if busy, subscribe to the release channel, then retry and wait
     /// for a release message or the holder's lease, whichever comes first,
-    /// until the deadline.
+    /// until the deadline (see [`Waiters::acquire`]).
     fn acquire(&self, wait: Wait, terms: &Terms) -> Result<Option<LockGuard>> {
-        let deadline = wait.deadline();
-        if let Attempt::Acquired(g) = self.attempt_through_failover(terms, deadline)? {
-            return Ok(Some(g));
-        }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Ok(None);
-        }
-        let mut subscription = self.subscribe(deadline)?;
-        loop {
-            // An error drops the subscription, which passes a wake-up this
-            // retry took on to another waiter.
-            let attempt = self.attempt_through_failover(terms, deadline)?;
-            subscription.used();
-            let ttl = match attempt {
-                Attempt::Acquired(g) => return Ok(Some(g)),
-                Attempt::Busy(ttl) => ttl,
-            };
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
-                return Ok(None);
-            }
-            // Bounded by the holder's lease: a crashed holder publishes
-            // nothing, but its lease runs out.
-            let ttl = ttl.unwrap_or(NO_TTL_RECHECK).max(Duration::from_millis(1));
-            let mut until = now.checked_add(ttl).unwrap_or(now + NO_TTL_RECHECK);
-            if let Some(d) = deadline {
-                until = until.min(d);
-            }
-            if let Wake::Moved(to) = subscription.wait_until(until)? {
-                // The channel's slot moved or its node failed (Cluster):
-                // subscribe where it is now, then retry (a release between
-                // the two is not missed).
-                drop(subscription);
-                self.router().channel_moved(&self.channel, to.as_deref());
-                subscription = self.subscribe(deadline)?;
-            }
+        self.waiters()
+            .acquire(wait.deadline(), || self.attempt_synced(terms))
+    }
+
+    /// Where this lock's waiters listen: a release wakes one per process.
+    fn waiters(&self) -> Waiters<'_> {
+        Waiters {
+            router: self.router(),
+            name: &self.name,
+            channel: &self.channel,
+            rule: WakeRule::One,
+            recheck: NO_TTL_RECHECK,
         }
     }
 
     /// Subscribes to this lock's release channel on the node serving it,
     /// riding out a failover (no node for the slot yet) until `deadline`.
     pub(crate) fn subscribe(&self, deadline: Option<Instant>) -> Result<Subscription> {
-        self.through_failover(deadline, || {
-            let node = self.router().node(&self.channel)?;
-            node.pubsub
-                .subscribe(&self.channel, &self.name, false, deadline)
-        })
-    }
-
-    /// Runs `f` until it succeeds, fails for another reason than a failover
-    /// (no connection, `READONLY`, `MASTERDOWN`, `CLUSTERDOWN`, `TRYAGAIN`, no
-    /// master known yet), or the next try would pass `deadline`; the tries
-    /// are spaced by a growing pause (50 ms to 500 ms, jittered). Only where
-    /// the servers can move (Sentinel, Cluster): else `f` runs once.
-    fn through_failover<T>(
-        &self,
-        deadline: Option<Instant>,
-        mut f: impl FnMut() -> Result<T>,
-    ) -> Result<T> {
-        let mut pause = Duration::from_millis(50);
-        loop {
-            match f() {
-                Err(e) if self.router().can_move() && is_failover_symptom(&e) => {
-                    let wait = jitter(pause, 0.5);
-                    if deadline.is_some_and(|d| Instant::now() + wait >= d) {
-                        return Err(e);
-                    }
-                    log::debug!("redlease: {:?}: {e}; trying again in {wait:?}", self.name);
-                    std::thread::sleep(wait);
-                    pause = (pause * 2).min(Duration::from_millis(500));
-                }
-                other => return other,
-            }
-        }
+        self.waiters().subscribe(deadline)
     }
 
     /// [`attempt`](Lock::attempt), tried again (up to the client's
     /// `retry_attempts`) while too few replicas confirm the acquisition.
-    fn attempt_synced(&self, terms: &Terms) -> Result<Attempt> {
+    fn attempt_synced(&self, terms: &Terms) -> Result<Attempt<LockGuard>> {
         let mut tries = 0;
         loop {
             match self.attempt(terms) {
@@ -576,17 +493,6 @@ impl Lock {
                 other => return other,
             }
         }
-    }
-
-    /// [`attempt_synced`](Lock::attempt_synced), riding out a failover of a
-    /// Sentinel group's master or of a Cluster master, and a Cluster slot
-    /// migration, until the deadline (see [`through_failover`](Lock::through_failover)).
-    fn attempt_through_failover(
-        &self,
-        terms: &Terms,
-        deadline: Option<Instant>,
-    ) -> Result<Attempt> {
-        self.through_failover(deadline, || self.attempt_synced(terms))
     }
 
     /// [`acquire`](Lock::acquire) with no deadline: it returns only once
@@ -600,7 +506,7 @@ impl Lock {
     }
 
     /// One acquire script call; registers the hold before returning a guard.
-    fn attempt(&self, terms: &Terms) -> Result<Attempt> {
+    fn attempt(&self, terms: &Terms) -> Result<Attempt<LockGuard>> {
         let request = self.prepare(terms);
         let reply = self.send(&request);
         self.finish(terms, request, reply)
@@ -696,7 +602,7 @@ impl Lock {
         terms: &Terms,
         r: Request,
         reply: Result<(AcquireReply, Synced)>,
-    ) -> Result<Attempt> {
+    ) -> Result<Attempt<LockGuard>> {
         let shared = &self.client.shared;
         let Request {
             existing,
@@ -799,17 +705,6 @@ impl Lock {
         }
         Ok(Attempt::Acquired(guard))
     }
-}
-
-/// What a failover of the master looks like from a client.
-fn is_failover_symptom(e: &Error) -> bool {
-    e.is_connection_error()
-        || matches!(e, Error::Redis(r) if matches!(
-            r.code(),
-            Some(
-                "READONLY" | "MASTERDOWN" | "LOADING" | "CLUSTERDOWN" | "TRYAGAIN" | "MOVED" | "ASK"
-            )
-        ))
 }
 
 pub(crate) fn duration_ms(d: Duration) -> u64 {

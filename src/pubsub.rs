@@ -158,9 +158,29 @@ impl Read for LiveReader<'_> {
 struct Latch {
     state: Mutex<LatchState>,
     wake: Condvar,
-    /// A message wakes every waiter (a count-down latch reaching zero), not
-    /// one (a lock released).
-    wake_all: bool,
+    /// How many waiters a message wakes.
+    rule: WakeRule,
+}
+
+/// How many of one name's waiters in this process a message on its channel
+/// wakes (a reconnect wakes them all, whatever the rule).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WakeRule {
+    /// One: a lock was released (Redisson's `0`).
+    One,
+    /// All: a count-down latch reached zero or was deleted.
+    All,
+}
+
+impl WakeRule {
+    /// The wake-up a message with `payload` gives: `None` for none,
+    /// `Some(true)` for every waiter, `Some(false)` for one.
+    fn wakes(self, _payload: &[u8]) -> Option<bool> {
+        match self {
+            WakeRule::One => Some(false),
+            WakeRule::All => Some(true),
+        }
+    }
 }
 
 struct LatchState {
@@ -218,9 +238,9 @@ impl Notify {
 }
 
 impl Latch {
-    fn new(wake_all: bool) -> Latch {
+    fn new(rule: WakeRule) -> Latch {
         Latch {
-            wake_all,
+            rule,
             state: Mutex::new(LatchState {
                 waiters: 0,
                 permits: 0,
@@ -470,7 +490,7 @@ impl PubSub {
         &self,
         channel: &str,
         lock: &str,
-        wake_all: bool,
+        rule: WakeRule,
         deadline: Option<Instant>,
     ) -> Result<Subscription> {
         self.ensure_started()?;
@@ -497,7 +517,7 @@ impl PubSub {
                 chan.latches
                     .lock()
                     .entry(lock.to_owned())
-                    .or_insert_with(|| Arc::new(Latch::new(wake_all))),
+                    .or_insert_with(|| Arc::new(Latch::new(rule))),
             );
             latch.state.lock().waiters += 1;
             (chan, latch, created)
@@ -698,7 +718,8 @@ enum Reply {
     Pong,
     /// An error reply to whatever command is next in line.
     Refused(redis::ServerError),
-    Message(String),
+    /// A message: its channel and payload.
+    Message(String, Vec<u8>),
     Other,
 }
 
@@ -726,7 +747,13 @@ fn classify(v: redis::Value) -> Reply {
         b"subscribe" | b"ssubscribe" => Reply::Ack,
         b"unsubscribe" | b"sunsubscribe" => channel().map_or(Reply::Other, Reply::Unsubscribed),
         b"pong" => Reply::Pong,
-        b"message" | b"smessage" => channel().map_or(Reply::Other, Reply::Message),
+        b"message" | b"smessage" => match (channel(), items.get(2)) {
+            (Some(ch), Some(redis::Value::BulkString(payload))) => {
+                Reply::Message(ch, payload.clone())
+            }
+            (Some(ch), _) => Reply::Message(ch, Vec::new()),
+            _ => Reply::Other,
+        },
         _ => Reply::Other,
     }
 }
@@ -1057,14 +1084,16 @@ impl Inner {
             };
             let reply = classify(value);
             let answered = match reply {
-                Reply::Message(name) => {
+                Reply::Message(name, payload) => {
                     let channel = self.channels.lock().get(&name).cloned();
                     if let Some(c) = channel {
-                        // The payload does not say which lock was released:
-                        // one waiter of each lock on the channel retries (or
-                        // all of them, for a count-down latch).
+                        // The payload does not say which name it is about:
+                        // the waiters of each name on the channel retry, as
+                        // many as its rule says.
                         for latch in c.latches() {
-                            latch.release(latch.wake_all);
+                            if let Some(all) = latch.rule.wakes(&payload) {
+                                latch.release(all);
+                            }
                         }
                     }
                     continue;

@@ -1,0 +1,156 @@
+//! The acquire loop every kind shares: try once; if busy, subscribe to the
+//! kind's channel, try again (a release between the first try and the
+//! subscription is not missed), then wait for a message or for the hint the
+//! busy reply gave (the holder's remaining lease, the next permit's expiry),
+//! whichever comes first, and try again, until acquired or the deadline.
+//! Each kind brings its attempt (a script call and what its reply means),
+//! its channel and its wake rule.
+
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::pubsub::{Subscription, Wake, WakeRule};
+use crate::router::Router;
+use crate::watchdog::jitter;
+
+/// How long a caller is prepared to wait.
+pub(crate) enum Wait {
+    No,
+    Until(Instant),
+    Forever,
+}
+
+impl Wait {
+    pub(crate) fn after(d: Duration) -> Wait {
+        match Instant::now().checked_add(d) {
+            Some(at) => Wait::Until(at),
+            None => Wait::Forever,
+        }
+    }
+
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        match self {
+            Wait::No => Some(Instant::now()),
+            Wait::Until(at) => Some(*at),
+            Wait::Forever => None,
+        }
+    }
+}
+
+/// What one try gave.
+pub(crate) enum Attempt<T> {
+    Acquired(T),
+    /// Busy; try again after at most this long even without a message
+    /// (`None`: the kind's default re-check).
+    Busy(Option<Duration>),
+}
+
+/// Where the waiters of one name listen: its channel on the node that serves
+/// it, and how many waiters a message wakes.
+pub(crate) struct Waiters<'a> {
+    pub(crate) router: &'a Router,
+    /// The name (key) waited for.
+    pub(crate) name: &'a str,
+    pub(crate) channel: &'a str,
+    pub(crate) rule: WakeRule,
+    /// The longest wait without a message when a busy reply gives no hint.
+    pub(crate) recheck: Duration,
+}
+
+impl Waiters<'_> {
+    /// Try; if busy, subscribe, then retry and wait for a message or the
+    /// hint, whichever comes first, until `deadline`. Every try rides out a
+    /// failover ([`through_failover`]).
+    pub(crate) fn acquire<T>(
+        &self,
+        deadline: Option<Instant>,
+        mut try_once: impl FnMut() -> Result<Attempt<T>>,
+    ) -> Result<Option<T>> {
+        let mut attempt = || through_failover(self.router, self.name, deadline, &mut try_once);
+        if let Attempt::Acquired(g) = attempt()? {
+            return Ok(Some(g));
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(None);
+        }
+        let mut subscription = self.subscribe(deadline)?;
+        loop {
+            // An error drops the subscription, which passes a wake-up this
+            // retry took on to another waiter.
+            let tried = attempt()?;
+            subscription.used();
+            let hint = match tried {
+                Attempt::Acquired(g) => return Ok(Some(g)),
+                Attempt::Busy(hint) => hint,
+            };
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Ok(None);
+            }
+            // Bounded by the hint: a crashed holder publishes nothing, but
+            // its lease runs out.
+            let hint = hint.unwrap_or(self.recheck).max(Duration::from_millis(1));
+            let mut until = now.checked_add(hint).unwrap_or(now + self.recheck);
+            if let Some(d) = deadline {
+                until = until.min(d);
+            }
+            if let Wake::Moved(to) = subscription.wait_until(until)? {
+                // The channel's slot moved or its node failed (Cluster):
+                // subscribe where it is now, then retry (a release between
+                // the two is not missed).
+                drop(subscription);
+                self.router.channel_moved(self.channel, to.as_deref());
+                subscription = self.subscribe(deadline)?;
+            }
+        }
+    }
+
+    /// Subscribes to the channel on the node serving it, riding out a
+    /// failover (no node for the slot yet) until `deadline`.
+    pub(crate) fn subscribe(&self, deadline: Option<Instant>) -> Result<Subscription> {
+        through_failover(self.router, self.name, deadline, || {
+            let node = self.router.node(self.channel)?;
+            node.pubsub
+                .subscribe(self.channel, self.name, self.rule, deadline)
+        })
+    }
+}
+
+/// Runs `f` until it succeeds, fails for another reason than a failover
+/// (no connection, `READONLY`, `MASTERDOWN`, `CLUSTERDOWN`, `TRYAGAIN`, no
+/// master known yet), or the next try would pass `deadline`; the tries are
+/// spaced by a growing pause (50 ms to 500 ms, jittered). Only where the
+/// servers can move (Sentinel, Cluster): else `f` runs once.
+pub(crate) fn through_failover<T>(
+    router: &Router,
+    name: &str,
+    deadline: Option<Instant>,
+    mut f: impl FnMut() -> Result<T>,
+) -> Result<T> {
+    let mut pause = Duration::from_millis(50);
+    loop {
+        match f() {
+            Err(e) if router.can_move() && is_failover_symptom(&e) => {
+                let wait = jitter(pause, 0.5);
+                if deadline.is_some_and(|d| Instant::now() + wait >= d) {
+                    return Err(e);
+                }
+                log::debug!("redlease: {name:?}: {e}; trying again in {wait:?}");
+                std::thread::sleep(wait);
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// What a failover of the master looks like from a client.
+fn is_failover_symptom(e: &Error) -> bool {
+    e.is_connection_error()
+        || matches!(e, Error::Redis(r) if matches!(
+            r.code(),
+            Some(
+                "READONLY" | "MASTERDOWN" | "LOADING" | "CLUSTERDOWN" | "TRYAGAIN" | "MOVED" | "ASK"
+            )
+        ))
+}
