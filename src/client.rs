@@ -198,6 +198,38 @@ impl Client {
         crate::CountDownLatch::new(self.clone(), name.into())
     }
 
+    /// A handle on the semaphore named `name` (Redisson's `RSemaphore`
+    /// layout). Cheap and infallible: the name is checked when it is used.
+    ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+    /// let s = client.semaphore("uploads");
+    /// s.try_set_permits(3)?;
+    /// let permit = s.acquire(1)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn semaphore(&self, name: impl Into<String>) -> crate::Semaphore {
+        crate::Semaphore::new(self.clone(), name.into())
+    }
+
+    /// A handle on the permit-expirable semaphore named `name` (Redisson's
+    /// `RPermitExpirableSemaphore` layout): every permit has a lease, and
+    /// comes back when it runs out. Cheap and infallible.
+    ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+    /// use std::time::Duration;
+    /// let s = client.permit_expirable_semaphore("render-slots");
+    /// s.try_set_permits(4)?;
+    /// let permit = s.acquire(Duration::from_secs(60))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn permit_expirable_semaphore(&self, name: impl Into<String>) -> crate::ExpirableSemaphore {
+        crate::ExpirableSemaphore::new(self.clone(), name.into())
+    }
+
     /// A handle on the fenced lock named `name` (Redisson's `RFencedLock`):
     /// a [`Lock`] whose every acquisition, re-entries included, also takes a
     /// new fencing token from `redisson_lock_token:{<name>}` (an integer that
@@ -254,6 +286,7 @@ impl Client {
             watchdog_entries: s.watchdog.scheduled(),
             subscribed_channels: nodes.iter().map(|n| n.pubsub.channels()).sum(),
             subscriber_reconnects: nodes.iter().map(|n| n.pubsub.reconnects()).sum(),
+            unsettled_requests: wd.unsettled.load(Ordering::Relaxed),
         }
     }
 }
@@ -295,6 +328,10 @@ pub struct ClientStats {
     pub subscribed_channels: usize,
     /// Times the subscriber connection was re-established.
     pub subscriber_reconnects: u64,
+    /// Requests whose reply was lost (or that Redis refused for a passing
+    /// reason) that the watchdog thread has not settled yet: acquisitions
+    /// to undo, releases to complete. Usually 0.
+    pub unsettled_requests: u64,
 }
 
 /// Configures a [`Client`]; by value, like r2d2's builder.

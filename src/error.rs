@@ -67,6 +67,15 @@ pub enum Error {
         /// The lock's name.
         name: String,
     },
+    /// Semaphore permits were no longer out when released or renewed: the
+    /// permit's lease ran out (a [`Permit`](crate::Permit) of an
+    /// [`ExpirableSemaphore`](crate::ExpirableSemaphore), counted back since),
+    /// or the semaphore was deleted. More permits than were set may have
+    /// been out meanwhile.
+    PermitLost {
+        /// The semaphore's name.
+        name: String,
+    },
     /// Too few masters of a [`RedLock`](crate::RedLock) answered for a
     /// majority (the others failed: down, stopped, slow past the response
     /// timeout, refusing): nothing was left held. The first member's error
@@ -97,11 +106,12 @@ impl Error {
         }
     }
 
-    /// `true` if the lock this error is about is no longer held by the caller
-    /// (see [`Error::LockLost`]).
+    /// `true` if the lock (or semaphore permit) this error is about is no
+    /// longer held by the caller (see [`Error::LockLost`],
+    /// [`Error::PermitLost`]).
     #[must_use]
     pub fn is_lock_lost(&self) -> bool {
-        matches!(self, Error::LockLost { .. })
+        matches!(self, Error::LockLost { .. } | Error::PermitLost { .. })
     }
 
     /// `true` for bad input (an argument, a setting or the URL): fix the call,
@@ -281,6 +291,12 @@ impl fmt::Display for Error {
                 f,
                 "lock {name:?} is no longer held by this thread: its lease ran out or it was \
                  deleted; do not act on what it protected, acquire it again"
+            ),
+            Error::PermitLost { name } => write!(
+                f,
+                "semaphore {name:?}: the permit is no longer out (its lease ran out or the \
+                 semaphore was deleted); do not act on what it protected, acquire again (and \
+                 give permits a longer lease, or renew it with update_lease)"
             ),
             Error::NoQuorum {
                 name,

@@ -346,6 +346,18 @@ pub(crate) enum Lost {
     /// A release leaving `left` holds: complete it (same latch, so it runs
     /// at most once).
     Release { left: u32, lease_ms: u64 },
+    /// Semaphore permits recorded under `field` of the semaphore's records
+    /// (`channel` is its channel, `key` the acquisition's cancel marker):
+    /// return them; `undo` (an acquisition whose reply was lost) first sets
+    /// the marker, so that a late copy of the acquisition does nothing.
+    Permits { records: String, undo: bool },
+    /// Permit `id` of a permit-expirable semaphore (`key` is the
+    /// acquisition's cancel marker): return it, as for `Permits`.
+    Permit {
+        out: String,
+        id: [u8; 16],
+        undo: bool,
+    },
 }
 
 impl Unsettled {

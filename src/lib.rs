@@ -125,6 +125,7 @@ mod multi;
 mod pubsub;
 mod router;
 mod scripts;
+mod semaphore;
 mod target;
 mod transport;
 mod waiting;
@@ -136,6 +137,9 @@ pub use crate::guard::LockGuard;
 pub use crate::latch::CountDownLatch;
 pub use crate::lock::{Lock, MAX_LEASE, MIN_RENEW_INTERVAL};
 pub use crate::multi::{MultiGuard, MultiLock, RedLock};
+pub use crate::semaphore::{
+    ExpirableSemaphore, Permit, Semaphore, SemaphorePermits, PERMIT_RECHECK,
+};
 
 // Every Rust block of the README compiles as a doctest.
 #[cfg(doctest)]

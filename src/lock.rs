@@ -402,22 +402,7 @@ impl Lock {
     }
 
     fn check_name(&self) -> Result<()> {
-        if self.name.is_empty() {
-            return Err(Error::invalid(
-                "the lock name is empty: give the lock a non-empty name",
-            ));
-        }
-        if self.router().is_cluster() && !scripts::same_slot(&self.name) {
-            // Redisson's layout puts such a name's channel in another slot:
-            // every script would fail with CROSSSLOT.
-            return Err(Error::invalid(format!(
-                "lock name {:?} would put its keys in different slots of a Redis Cluster (a \
-                 '{{' without a complete, non-empty hash tag, or a '}}' without a '{{'): close \
-                 the tag (e.g. \"a{{b}}\") or leave braces out",
-                self.name
-            )));
-        }
-        Ok(())
+        check_name("lock", &self.name, self.router())
     }
 
     pub(crate) fn watchdog_terms(&self) -> Result<Terms> {
@@ -705,6 +690,26 @@ impl Lock {
         }
         Ok(Attempt::Acquired(guard))
     }
+}
+
+/// Checks the name of a `what` (lock, semaphore, ...) laid out as Redisson
+/// does: not empty, and on a cluster, its keys and channel in one slot.
+pub(crate) fn check_name(what: &str, name: &str, router: &Router) -> Result<()> {
+    if name.is_empty() {
+        return Err(Error::invalid(format!(
+            "the {what} name is empty: give the {what} a non-empty name"
+        )));
+    }
+    if router.is_cluster() && !scripts::same_slot(name) {
+        // Redisson's layout puts such a name's channel in another slot:
+        // every script would fail with CROSSSLOT.
+        return Err(Error::invalid(format!(
+            "{what} name {name:?} would put its keys in different slots of a Redis Cluster (a \
+             '{{' without a complete, non-empty hash tag, or a '}}' without a '{{'): close \
+             the tag (e.g. \"a{{b}}\") or leave braces out"
+        )));
+    }
+    Ok(())
 }
 
 pub(crate) fn duration_ms(d: Duration) -> u64 {

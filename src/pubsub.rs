@@ -170,15 +170,24 @@ pub(crate) enum WakeRule {
     One,
     /// All: a count-down latch reached zero or was deleted.
     All,
+    /// All when the payload is a positive count (permits came back; each
+    /// waiter tries for what it needs), none otherwise (Redisson's listeners
+    /// read the count; a negative one means none are available).
+    Permits,
 }
 
 impl WakeRule {
     /// The wake-up a message with `payload` gives: `None` for none,
     /// `Some(true)` for every waiter, `Some(false)` for one.
-    fn wakes(self, _payload: &[u8]) -> Option<bool> {
+    fn wakes(self, payload: &[u8]) -> Option<bool> {
         match self {
             WakeRule::One => Some(false),
             WakeRule::All => Some(true),
+            WakeRule::Permits => std::str::from_utf8(payload)
+                .ok()
+                .and_then(|p| p.trim().parse::<i64>().ok())
+                .is_none_or(|n| n > 0)
+                .then_some(true),
         }
     }
 }

@@ -39,6 +39,14 @@ lua!(FORCE_UNLOCK, "scripts/force_unlock.lua");
 lua!(LATCH_SET, "scripts/latch_set.lua");
 lua!(LATCH_COUNT_DOWN, "scripts/latch_count_down.lua");
 lua!(LATCH_DELETE, "scripts/latch_delete.lua");
+lua!(SEMAPHORE_ACQUIRE, "scripts/semaphore_acquire.lua");
+lua!(SEMAPHORE_RELEASE, "scripts/semaphore_release.lua");
+lua!(SEMAPHORE_ADD, "scripts/semaphore_add.lua");
+lua!(SEMAPHORE_SET, "scripts/semaphore_set.lua");
+lua!(SEMAPHORE_DRAIN, "scripts/semaphore_drain.lua");
+lua!(PERMIT_ACQUIRE, "scripts/permit_acquire.lua");
+lua!(PERMIT_RELEASE, "scripts/permit_release.lua");
+lua!(PERMIT_LEASE, "scripts/permit_lease.lua");
 // The watchdog pipelines this one itself (see `watchdog::renew_batch`).
 lua!(pub(crate) RENEW, "scripts/renew.lua");
 
@@ -285,6 +293,184 @@ pub(crate) fn cancel_acquire(
             .arg(gen)
             .arg(publish);
     })
+}
+
+/// The names of one semaphore, either kind (Redisson's `RSemaphore` or
+/// `RPermitExpirableSemaphore`): its key, its channel and its bookkeeping key
+/// (redlease's permit records for the first kind, Redisson's set of permits
+/// out for the second).
+#[derive(Clone, Copy)]
+pub(crate) struct SemaphoreRef<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) channel: &'a str,
+    pub(crate) book: &'a str,
+}
+
+/// semaphore_acquire.lua: -1 acquired, -3 cancelled, else the permits
+/// available.
+pub(crate) fn semaphore_acquire(
+    conn: &mut crate::transport::Connection,
+    sem: SemaphoreRef<'_>,
+    marker: &str,
+    permits: u32,
+    field: &str,
+) -> RedisResult<i64> {
+    SEMAPHORE_ACQUIRE.run(conn, 3, |cmd| {
+        cmd.arg(sem.name)
+            .arg(sem.book)
+            .arg(marker)
+            .arg(permits)
+            .arg(field);
+    })
+}
+
+/// semaphore_release.lua: returns the permits recorded under `field` (1), or
+/// finds none (0); `undo` sets the acquisition's cancel marker first.
+pub(crate) fn semaphore_release(
+    conn: &mut crate::transport::Connection,
+    sem: SemaphoreRef<'_>,
+    field: &str,
+    undo: Option<&str>,
+    publish: &str,
+) -> RedisResult<i64> {
+    SEMAPHORE_RELEASE.run(conn, 3 + usize::from(undo.is_some()), |cmd| {
+        cmd.arg(sem.name).arg(sem.channel).arg(sem.book);
+        if let Some(marker) = undo {
+            cmd.arg(marker);
+        }
+        cmd.arg(field).arg(publish);
+        if undo.is_some() {
+            cmd.arg(LATE_REQUEST_WINDOW_MS);
+        }
+    })
+}
+
+/// What a semaphore's counting script does.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum PermitsOp {
+    /// semaphore_add.lua: the new total.
+    Add(i64),
+    /// semaphore_set.lua: 1 if set.
+    Set(u64),
+    /// semaphore_drain.lua: the permits taken.
+    Drain,
+}
+
+/// A semaphore's counting script (either kind).
+pub(crate) fn permits(
+    conn: &mut crate::transport::Connection,
+    sem: SemaphoreRef<'_>,
+    op: PermitsOp,
+    publish: &str,
+) -> RedisResult<i64> {
+    match op {
+        PermitsOp::Add(d) => SEMAPHORE_ADD.run(conn, 2, |cmd| {
+            cmd.arg(sem.name).arg(sem.channel).arg(d).arg(publish);
+        }),
+        PermitsOp::Set(n) => SEMAPHORE_SET.run(conn, 2, |cmd| {
+            cmd.arg(sem.name).arg(sem.channel).arg(n).arg(publish);
+        }),
+        PermitsOp::Drain => SEMAPHORE_DRAIN.run(conn, 1, |cmd| {
+            cmd.arg(sem.name);
+        }),
+    }
+}
+
+/// permit_acquire.lua: -1 acquired, -3 cancelled, -2 nothing will expire,
+/// else the ms until the first permit out expires.
+pub(crate) fn permit_acquire(
+    conn: &mut crate::transport::Connection,
+    sem: SemaphoreRef<'_>,
+    marker: &str,
+    lease_ms: u64,
+    id: &[u8],
+    publish: &str,
+) -> RedisResult<i64> {
+    PERMIT_ACQUIRE.run(conn, 4, |cmd| {
+        cmd.arg(sem.name)
+            .arg(sem.book)
+            .arg(sem.channel)
+            .arg(marker)
+            .arg(lease_ms)
+            .arg(id)
+            .arg(publish);
+    })
+}
+
+/// permit_release.lua: 1 released, 2 released after its lease ran out, 0 not
+/// out; `undo` sets the acquisition's cancel marker first.
+pub(crate) fn permit_release(
+    conn: &mut crate::transport::Connection,
+    sem: SemaphoreRef<'_>,
+    id: &[u8],
+    undo: Option<&str>,
+    publish: &str,
+) -> RedisResult<i64> {
+    PERMIT_RELEASE.run(conn, 3 + usize::from(undo.is_some()), |cmd| {
+        cmd.arg(sem.name).arg(sem.book).arg(sem.channel);
+        if let Some(marker) = undo {
+            cmd.arg(marker);
+        }
+        cmd.arg(id).arg(publish);
+        if undo.is_some() {
+            cmd.arg(LATE_REQUEST_WINDOW_MS);
+        }
+    })
+}
+
+/// permit_lease.lua: counts expired permits back; then sets permit `id`'s
+/// lease (1, or 0 if it is not out), or returns the permits available.
+pub(crate) fn permit_lease(
+    conn: &mut crate::transport::Connection,
+    sem: SemaphoreRef<'_>,
+    update: Option<(&[u8], u64)>,
+    publish: &str,
+) -> RedisResult<i64> {
+    PERMIT_LEASE.run(conn, 3, |cmd| {
+        cmd.arg(sem.name)
+            .arg(sem.book)
+            .arg(sem.channel)
+            .arg(publish);
+        if let Some((id, lease_ms)) = update {
+            cmd.arg(id).arg(lease_ms);
+        }
+    })
+}
+
+/// The channel of semaphore `name`, either kind (Redisson's
+/// `redisson_sc:{<name>}`).
+pub(crate) fn semaphore_channel_name(name: &str) -> String {
+    prefix_name("redisson_sc", name, 0)
+}
+
+/// The hash where redlease records the permits each acquisition of
+/// semaphore `name` holds (redlease's own; Redisson does not read it).
+pub(crate) fn semaphore_records_name(name: &str) -> String {
+    prefix_name("redlease_semaphore_permits", name, 0)
+}
+
+/// The cancel marker of one semaphore acquire request (redlease's own).
+pub(crate) fn semaphore_cancel_name(name: &str, client: &str, n: u64) -> String {
+    request_key("redlease_semaphore_cancel", name, client, n)
+}
+
+/// The set of permits out of permit-expirable semaphore `name` (Redisson's
+/// `suffixName(name, "timeout")`).
+pub(crate) fn permits_out_name(name: &str) -> String {
+    if name.contains('{') {
+        format!("{name}:timeout")
+    } else {
+        format!("{{{name}}}:timeout")
+    }
+}
+
+/// The cancel marker of the acquisition of permit `id` (hex) of
+/// permit-expirable semaphore `name` (redlease's own).
+pub(crate) fn permit_cancel_name(name: &str, id: &str) -> String {
+    let mut s = prefix_name("redlease_permit_cancel", name, id.len() + 1);
+    s.push(':');
+    s.push_str(id);
+    s
 }
 
 /// force_unlock.lua: 1 if a lock was deleted (the first run's answer, also

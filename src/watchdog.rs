@@ -82,6 +82,8 @@ pub(crate) struct Counters {
     pub(crate) round_trips: AtomicU64,
     pub(crate) renewals: AtomicU64,
     pub(crate) lost: AtomicU64,
+    /// Requests handed to `settle_later` and not settled (nor given up) yet.
+    pub(crate) unsettled: AtomicU64,
 }
 
 struct Inner {
@@ -197,11 +199,19 @@ impl Watchdog {
     /// Settles a request whose reply was lost, in the background, retrying
     /// until it has run once on Redis.
     pub(crate) fn settle_later(&self, request: Arc<Unsettled>) {
+        self.inner
+            .counters
+            .unsettled
+            .fetch_add(1, Ordering::Relaxed);
         let result = self.schedule(|st| {
             st.unsettled.push((Instant::now(), 0, Arc::clone(&request)));
             true
         });
         if let Err(e) = result {
+            self.inner
+                .counters
+                .unsettled
+                .fetch_sub(1, Ordering::Relaxed);
             log::warn!(
                 "redlease: cannot start the watchdog thread ({e}); a request on {:?} whose \
                  reply was lost is left to the lease",
@@ -349,6 +359,7 @@ impl Inner {
     /// thread (and the renewals behind it) for a response timeout per
     /// request.
     fn settle(&self, requests: Vec<(u32, Arc<Unsettled>)>) {
+        let taken = requests.len();
         let mut again = Vec::new();
         // Nodes a settle failed on in this pass (by name).
         let mut failed: Vec<String> = Vec::new();
@@ -400,6 +411,29 @@ impl Inner {
                 }
                 .run(conn)
                 .map(|r| r.unwrap_or(0)),
+                Lost::Permits { ref records, undo } => scripts::semaphore_release(
+                    conn,
+                    scripts::SemaphoreRef {
+                        name: &u.name,
+                        channel: &u.channel,
+                        book: records,
+                    },
+                    &u.field,
+                    undo.then_some(u.key.as_str()),
+                    publish,
+                ),
+                Lost::Permit { ref out, id, undo } => scripts::permit_release(
+                    conn,
+                    scripts::SemaphoreRef {
+                        name: &u.name,
+                        channel: &u.channel,
+                        book: out,
+                    },
+                    &id,
+                    undo.then_some(u.key.as_str()),
+                    publish,
+                )
+                .map(|r| i64::from(r != 0)),
             });
             // Replica sync is best effort here: the request ran on the master.
             let result = result.map(|(applied, _)| applied);
@@ -415,7 +449,12 @@ impl Inner {
                     u.set_done();
                     let what = match u.kind {
                         Lost::Acquire { .. } => "undid an acquisition",
-                        Lost::Release { .. } => "completed a release",
+                        Lost::Permits { undo: true, .. } | Lost::Permit { undo: true, .. } => {
+                            "returned the permits of an acquisition"
+                        }
+                        Lost::Release { .. } | Lost::Permits { .. } | Lost::Permit { .. } => {
+                            "completed a release"
+                        }
                     };
                     if applied == 1 {
                         log::info!("redlease: {what} of {:?} whose reply was lost", u.name);
@@ -444,6 +483,10 @@ impl Inner {
                 }
             }
         }
+        // Each request taken is settled (or given up) or tried again later.
+        self.counters
+            .unsettled
+            .fetch_sub((taken - again.len()) as u64, Ordering::Relaxed);
         if !again.is_empty() {
             self.state.lock().unsettled.extend(again);
         }

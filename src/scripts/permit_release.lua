@@ -1,0 +1,29 @@
+-- Return one permit of a permit-expirable semaphore by id: a release, or the
+-- undo of an acquisition whose reply was lost. Runs once whatever the number
+-- of copies: the permit leaves the set with the first.
+-- KEYS[1] the semaphore   KEYS[2] its permits out   KEYS[3] its channel
+-- KEYS[4] undo only: the request's cancel marker, set first so that a copy
+--         of the acquisition still on its way can no longer apply
+-- ARGV[1] the permit's id ARGV[2] the publish command
+-- ARGV[3] undo only: the marker's TTL in ms
+-- Returns 1 if released, 2 if it was out but its lease had run out (counted
+-- back now), 0 if it was not out (released, or counted back already).
+if #KEYS == 4 then
+    redis.call('set', KEYS[4], 1, 'px', ARGV[3])
+end
+local expiry = redis.call('zscore', KEYS[2], ARGV[1])
+if not expiry then
+    return 0
+end
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local total = tonumber(redis.call('get', KEYS[1]) or 0) + 1
+if total > 0 then
+    redis.call(ARGV[2], KEYS[3], total)
+end
+redis.call('zrem', KEYS[2], ARGV[1])
+redis.call('incrby', KEYS[1], 1)
+if tonumber(expiry) <= now then
+    return 2
+end
+return 1

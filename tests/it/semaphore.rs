@@ -1,0 +1,554 @@
+//! Semaphores, both kinds: never more permits out than set under contention
+//! from many threads and clients, waiters woken by pub/sub, permits returned
+//! exactly once across lost replies, expirable permits coming back when
+//! their lease runs out, bad input refused, and Redisson's layout shared
+//! both ways (a raw connection running Redisson's scripts from the wire
+//! notes takes, waits for and releases against redlease).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::support::{wait_until, Fault, Proxy, RedisServer};
+use redlease::{Client, ExpirableSemaphore, Semaphore};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn client(url: &str) -> Client {
+    Client::open(url).expect("client")
+}
+
+/// A client whose replies time out fast, without retries (for lost replies).
+fn impatient(url: &str) -> Client {
+    Client::builder(url)
+        .response_timeout(Duration::from_millis(300))
+        .retry_attempts(0)
+        .build()
+        .expect("client")
+}
+
+fn available(srv: &RedisServer, name: &str) -> i64 {
+    srv.cmd(&["GET", name]).parse().unwrap_or(0)
+}
+
+fn sha(source: &str) -> String {
+    redis::Script::new(source).get_hash().to_owned()
+}
+
+/// The oracle: `threads` threads on two clients take permits (`take` asks
+/// for 1 or 2 and says how many it got) of a semaphore of `limit` again and
+/// again, and count the permits inside their section; the count never
+/// passes the limit (and does reach it: the test sees contention).
+fn never_over_the_limit(
+    srv: &RedisServer,
+    limit: usize,
+    threads: usize,
+    rounds: usize,
+    take: impl Fn(&Client, usize) -> (usize, Box<dyn FnOnce() + Send>) + Send + Sync + 'static,
+) -> usize {
+    let clients = [client(&srv.url()), client(&srv.url())];
+    let inside = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let take = Arc::new(take);
+    let start = Arc::new(Barrier::new(threads));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let c = clients[t % 2].clone();
+            let (inside, peak, take, start) = (
+                Arc::clone(&inside),
+                Arc::clone(&peak),
+                Arc::clone(&take),
+                Arc::clone(&start),
+            );
+            thread::spawn(move || {
+                start.wait();
+                for r in 0..rounds {
+                    let (n, release) = take(&c, 1 + (t + r) % 2);
+                    let now = inside.fetch_add(n, Ordering::SeqCst) + n;
+                    peak.fetch_max(now, Ordering::SeqCst);
+                    thread::sleep(Duration::from_micros(300));
+                    inside.fetch_sub(n, Ordering::SeqCst);
+                    release();
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("worker");
+    }
+    let peak = peak.load(Ordering::SeqCst);
+    assert!(peak <= limit, "{peak} permits out at once, limit {limit}");
+    assert_eq!(peak, limit, "the workers never filled the semaphore");
+    peak
+}
+
+#[test]
+fn semaphore_never_hands_out_more_permits_than_set() {
+    let srv = RedisServer::start();
+    let sem = client(&srv.url()).semaphore("pool");
+    assert!(sem.try_set_permits(3).expect("set"));
+    assert!(!sem.try_set_permits(5).expect("set again"), "it exists");
+    never_over_the_limit(&srv, 3, 8, 40, |c, n| {
+        let p = c.semaphore("pool").acquire(n as u32).expect("acquire");
+        assert_eq!(p.permits(), n as u32);
+        (n, Box::new(move || p.release().expect("release")))
+    });
+    assert_eq!(sem.available_permits().expect("available"), 3);
+    assert_eq!(
+        srv.cmd(&["HLEN", "redlease_semaphore_permits:{pool}"]),
+        "0",
+        "every record went with its permits"
+    );
+}
+
+#[test]
+fn expirable_semaphore_never_hands_out_more_permits_than_set() {
+    let srv = RedisServer::start();
+    let sem = client(&srv.url()).permit_expirable_semaphore("slots");
+    assert!(sem.try_set_permits(2).expect("set"));
+    never_over_the_limit(&srv, 2, 6, 30, |c, _| {
+        let p = c
+            .permit_expirable_semaphore("slots")
+            .acquire(Duration::from_secs(60))
+            .expect("acquire");
+        (1, Box::new(move || p.release().expect("release")))
+    });
+    assert_eq!(sem.available_permits().expect("available"), 2);
+    assert_eq!(srv.cmd(&["ZCARD", "{slots}:timeout"]), "0");
+}
+
+#[test]
+fn a_waiter_is_woken_by_a_release_on_another_client() {
+    let srv = RedisServer::start();
+    let a = client(&srv.url());
+    let b = client(&srv.url());
+    a.semaphore("pool").try_set_permits(2).expect("set");
+    let held = a.semaphore("pool").acquire(2).expect("all of them");
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let p = b.semaphore("pool").try_acquire_for(1, WAIT).expect("wait");
+        tx.send((p.map(|p| p.permits()), Instant::now()))
+            .expect("report");
+    });
+    wait_until("the waiter to subscribe", WAIT, || {
+        srv.subscribers("redisson_sc:{pool}") == 1
+    });
+    assert!(rx.try_recv().is_err(), "it waits while none is free");
+    let released = Instant::now();
+    held.release().expect("release");
+    let (got, at) = rx.recv_timeout(WAIT).expect("the waiter returns");
+    assert_eq!(got, Some(1));
+    let took = at.duration_since(released);
+    eprintln!("figure: semaphore waiter woken {took:?} after the release");
+    assert!(
+        took < redlease::PERMIT_RECHECK / 2,
+        "woken by the message, not the re-check ({took:?})"
+    );
+}
+
+#[test]
+fn try_acquire_for_times_out_and_try_acquire_does_not_wait() {
+    let srv = RedisServer::start();
+    let c = client(&srv.url());
+    let sem = c.semaphore("pool");
+    assert!(sem.try_acquire(1).expect("try").is_none(), "never set: 0");
+    sem.try_set_permits(1).expect("set");
+    let _held = sem.try_acquire(1).expect("try").expect("free");
+    let t = Instant::now();
+    assert!(sem
+        .try_acquire_for(1, Duration::from_millis(300))
+        .expect("try_for")
+        .is_none());
+    assert!(t.elapsed() >= Duration::from_millis(300));
+    assert!(sem.try_acquire(2).expect("more than set").is_none());
+}
+
+#[test]
+fn permits_counts_drain_add_and_forget() {
+    let srv = RedisServer::start();
+    let c = client(&srv.url());
+    let sem = c.semaphore("pool");
+    sem.try_set_permits(5).expect("set");
+    let p = sem.acquire(2).expect("acquire");
+    assert_eq!(sem.available_permits().expect("available"), 3);
+    assert_eq!(sem.drain_permits().expect("drain"), 3);
+    assert_eq!(sem.drain_permits().expect("drain again"), 0);
+    sem.add_permits(-2).expect("take two away");
+    assert_eq!(sem.available_permits().expect("available"), -2);
+    assert_eq!(sem.drain_permits().expect("drain below zero"), 0);
+    assert_eq!(available(&srv, "pool"), -2, "draining hands nothing out");
+    p.forget();
+    assert_eq!(
+        srv.cmd(&["HLEN", "redlease_semaphore_permits:{pool}"]),
+        "0",
+        "forget drops the record, not the permits"
+    );
+    assert_eq!(sem.available_permits().expect("available"), -2);
+    sem.release(4).expect("release by count");
+    assert_eq!(sem.available_permits().expect("available"), 2);
+    assert!(sem.delete().expect("delete"));
+    assert_eq!(sem.available_permits().expect("available"), 0);
+}
+
+#[test]
+fn a_release_after_delete_reports_the_permits_lost() {
+    let srv = RedisServer::start();
+    let c = client(&srv.url());
+    let sem = c.semaphore("pool");
+    sem.try_set_permits(1).expect("set");
+    let p = sem.acquire(1).expect("acquire");
+    assert!(sem.delete().expect("delete"));
+    let e = p.release().expect_err("the record went with the semaphore");
+    assert!(e.is_lock_lost(), "{e}");
+    assert_eq!(available(&srv, "pool"), 0, "nothing comes back");
+}
+
+#[test]
+fn bad_input_is_refused_with_a_clear_error() {
+    let srv = RedisServer::start();
+    let c = client(&srv.url());
+    let sem = c.semaphore("pool");
+    let pes = c.permit_expirable_semaphore("slots");
+    let invalid = |r: redlease::Result<()>, what: &str| {
+        let e = r.expect_err(what);
+        assert!(e.is_invalid_argument(), "{what}: {e}");
+        e.to_string()
+    };
+    let msg = invalid(sem.acquire(0).map(drop), "acquire 0");
+    assert!(msg.contains("at least 1"), "{msg}");
+    invalid(sem.try_acquire(0).map(drop), "try_acquire 0");
+    invalid(sem.release(0), "release 0");
+    invalid(sem.try_set_permits((1 << 53) + 1).map(drop), "too many");
+    invalid(sem.add_permits(i64::MIN), "too large a change");
+    let msg = invalid(c.semaphore("").acquire(1).map(drop), "empty name");
+    assert!(msg.contains("name is empty"), "{msg}");
+    invalid(pes.acquire(Duration::ZERO).map(drop), "zero lease");
+    let msg = invalid(
+        pes.acquire(ExpirableSemaphore::MAX_LEASE + Duration::from_secs(1))
+            .map(drop),
+        "over-long lease",
+    );
+    assert!(msg.contains("too long"), "{msg}");
+    let msg = invalid(pes.release("nope").map(drop), "bad id");
+    assert!(msg.contains("32 hex digits"), "{msg}");
+    invalid(
+        c.permit_expirable_semaphore("")
+            .try_set_permits(1)
+            .map(drop),
+        "empty name",
+    );
+    assert_eq!(srv.cmd(&["DBSIZE"]), "0", "nothing was written");
+}
+
+/// An acquisition whose reply is lost ran on Redis: its permits are
+/// returned in the background, and the caller, told it failed, holds none.
+#[test]
+fn a_lost_acquire_reply_leaves_no_permits_out() {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let c = impatient(&proxy.url());
+    let sem = c.semaphore("pool");
+    sem.try_set_permits(2).expect("set");
+    proxy.add_rule(b"redlease_semaphore_cancel", Fault::DropReply, 1);
+    assert!(sem.try_acquire(2).is_err(), "the reply is lost");
+    wait_until("the lost acquisition's permits to come back", WAIT, || {
+        available(&srv, "pool") == 2
+    });
+    assert_eq!(srv.cmd(&["HLEN", "redlease_semaphore_permits:{pool}"]), "0");
+    let p = sem.try_acquire(2).expect("try").expect("all free again");
+    drop(p);
+    assert_eq!(available(&srv, "pool"), 2);
+}
+
+/// A release whose reply is lost is completed in the background, and its
+/// permits come back once, not twice.
+#[test]
+fn a_lost_release_reply_returns_the_permits_once() {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let c = impatient(&proxy.url());
+    let sem = c.semaphore("pool");
+    sem.try_set_permits(3).expect("set");
+    let p = sem.acquire(2).expect("acquire");
+    let release = sha(include_str!("../../src/scripts/semaphore_release.lua"));
+    proxy.add_rule(release.as_bytes(), Fault::DropReply, 1);
+    let again = proxy.add_rule(release.as_bytes(), Fault::DelayReply(Duration::ZERO), 1);
+    assert!(p.release().is_err(), "the reply is lost");
+    proxy.wait_hits(again, 1, WAIT);
+    wait_until("the background release to be answered", WAIT, || {
+        c.stats().unsettled_requests == 0
+    });
+    assert_eq!(available(&srv, "pool"), 3, "returned once");
+}
+
+#[test]
+fn a_waiter_survives_its_subscriber_being_cut() {
+    let srv = RedisServer::start();
+    let a = client(&srv.url());
+    let b = client(&srv.url());
+    a.semaphore("pool").try_set_permits(1).expect("set");
+    let held = a.semaphore("pool").acquire(1).expect("acquire");
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let p = b.semaphore("pool").try_acquire_for(1, WAIT).expect("wait");
+        tx.send(p.is_some()).expect("report");
+    });
+    wait_until("the waiter to subscribe", WAIT, || {
+        srv.subscribers("redisson_sc:{pool}") == 1
+    });
+    assert!(srv.client_kill_type("pubsub") >= 1, "the subscriber cut");
+    held.release().expect("release while it reconnects");
+    assert!(rx.recv_timeout(WAIT).expect("the waiter returns"));
+}
+
+#[test]
+fn a_waiter_rides_out_a_redis_restart() {
+    let srv = RedisServer::start();
+    let c = client(&srv.url());
+    let (tx, rx) = mpsc::channel();
+    let waiter = c.clone();
+    thread::spawn(move || {
+        let p = waiter
+            .semaphore("pool")
+            .try_acquire_for(1, WAIT)
+            .expect("wait");
+        tx.send(p.is_some()).expect("report");
+    });
+    wait_until("the waiter to subscribe", WAIT, || {
+        srv.subscribers("redisson_sc:{pool}") == 1
+    });
+    srv.restart();
+    wait_until("the waiter to subscribe again", WAIT, || {
+        srv.subscribers("redisson_sc:{pool}") == 1
+    });
+    // A new Redis (script cache empty): setting the permits wakes it.
+    c.semaphore("pool").try_set_permits(1).expect("set");
+    assert!(rx.recv_timeout(WAIT).expect("the waiter returns"));
+}
+
+/// Redisson's RSemaphore scripts (redisson-family.md §5), on a raw
+/// connection: a Redisson release wakes a redlease waiter, a redlease
+/// release is heard by a Redisson listener with the new total, and both
+/// count the same permits.
+#[test]
+fn redisson_semaphore_interoperates() {
+    const TRY_ACQUIRE: &str = "local value = redis.call('get', KEYS[1]); if (value ~= false and tonumber(value) >= tonumber(ARGV[1])) then local val = redis.call('decrby', KEYS[1], ARGV[1]); return 1; end; return 0;";
+    const RELEASE: &str = "local value = redis.call('incrby', KEYS[1], ARGV[1]); redis.call(ARGV[2], KEYS[2], value);";
+    let srv = RedisServer::start();
+    let c = client(&srv.url());
+    let sem: Semaphore = c.semaphore("shared");
+    sem.try_set_permits(1).expect("set");
+    let mut java = srv.conn();
+    let took: i64 = redis::cmd("EVAL")
+        .arg(TRY_ACQUIRE)
+        .arg(1)
+        .arg("shared")
+        .arg(1)
+        .query(&mut java)
+        .expect("redisson acquire");
+    assert_eq!(took, 1);
+    assert!(
+        sem.try_acquire(1).expect("try").is_none(),
+        "Redisson has it"
+    );
+    let (tx, rx) = mpsc::channel();
+    let waiter = sem.clone();
+    thread::spawn(move || {
+        let p = waiter.try_acquire_for(1, WAIT).expect("wait");
+        tx.send(p.map(|p| p.forget())).expect("report");
+    });
+    wait_until("the redlease waiter to subscribe", WAIT, || {
+        srv.subscribers("redisson_sc:{shared}") == 1
+    });
+    let () = redis::cmd("EVAL")
+        .arg(RELEASE)
+        .arg(2)
+        .arg("shared")
+        .arg("redisson_sc:{shared}")
+        .arg(1)
+        .arg("publish")
+        .query(&mut java)
+        .expect("redisson release");
+    assert_eq!(
+        rx.recv_timeout(WAIT).expect("woken by Redisson's message"),
+        Some(())
+    );
+    // And the other way: a Redisson listener hears redlease's release.
+    let heard = srv.listen("redisson_sc:{shared}");
+    sem.release(1).expect("release");
+    assert_eq!(heard.recv_timeout(WAIT).expect("message"), b"1");
+    let took: i64 = redis::cmd("EVAL")
+        .arg(TRY_ACQUIRE)
+        .arg(1)
+        .arg("shared")
+        .arg(1)
+        .query(&mut java)
+        .expect("redisson acquire");
+    assert_eq!(took, 1, "Redisson takes what redlease released");
+}
+
+#[test]
+fn expirable_permits_come_back_when_their_lease_runs_out() {
+    let srv = RedisServer::start();
+    let a = client(&srv.url());
+    let b = client(&srv.url());
+    let sem = a.permit_expirable_semaphore("slots");
+    sem.try_set_permits(1).expect("set");
+    // A holder that vanishes: its permit is never released.
+    let lease = Duration::from_millis(400);
+    let crashed = sem.acquire(lease).expect("acquire").forget();
+    assert_eq!(crashed.len(), 32);
+    let t = Instant::now();
+    let p = b
+        .permit_expirable_semaphore("slots")
+        .try_acquire_for(WAIT, Duration::from_secs(30))
+        .expect("wait")
+        .expect("the vanished holder's permit comes back");
+    let took = t.elapsed();
+    eprintln!("figure: expired permit taken over after {took:?} (lease {lease:?})");
+    assert!(took >= lease - Duration::from_millis(50), "{took:?}");
+    assert!(!sem.release(&crashed).expect("release by id"), "not out");
+    assert!(!p.is_expired());
+    drop(p);
+    assert_eq!(sem.available_permits().expect("available"), 1);
+}
+
+#[test]
+fn expirable_release_by_id_is_idempotent_and_leases_can_be_updated() {
+    let srv = RedisServer::start();
+    let c = client(&srv.url());
+    let sem = c.permit_expirable_semaphore("slots");
+    sem.try_set_permits(2).expect("set");
+    let p = sem.acquire(Duration::from_millis(300)).expect("acquire");
+    p.update_lease(Duration::from_secs(30)).expect("extend");
+    assert!(p.valid_until() > Instant::now() + Duration::from_secs(20));
+    thread::sleep(Duration::from_millis(400));
+    assert_eq!(
+        sem.available_permits().expect("available"),
+        1,
+        "the extended permit is still out"
+    );
+    let id = p.forget();
+    assert!(sem.release(&id).expect("release"), "it was out");
+    assert!(!sem.release(&id).expect("release again"), "once only");
+    assert_eq!(sem.available_permits().expect("available"), 2);
+    // A permit whose lease ran out cannot be renewed.
+    let short = sem.acquire(Duration::from_millis(100)).expect("acquire");
+    thread::sleep(Duration::from_millis(200));
+    assert!(short.is_expired());
+    let e = short
+        .update_lease(Duration::from_secs(5))
+        .expect_err("gone");
+    assert!(e.is_lock_lost(), "{e}");
+    assert_eq!(sem.available_permits().expect("available"), 2);
+}
+
+#[test]
+fn a_lost_expirable_acquire_reply_leaves_no_permit_out() {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let c = impatient(&proxy.url());
+    let sem = c.permit_expirable_semaphore("slots");
+    sem.try_set_permits(1).expect("set");
+    proxy.add_rule(b"redlease_permit_cancel", Fault::DropReply, 1);
+    assert!(
+        sem.try_acquire(Duration::from_secs(600)).is_err(),
+        "the reply is lost"
+    );
+    wait_until("the lost acquisition's permit to come back", WAIT, || {
+        available(&srv, "slots") == 1
+    });
+    assert_eq!(srv.cmd(&["ZCARD", "{slots}:timeout"]), "0");
+    let release = sha(include_str!("../../src/scripts/permit_release.lua"));
+    let p = sem
+        .try_acquire(Duration::from_secs(600))
+        .expect("try")
+        .expect("free again");
+    proxy.add_rule(release.as_bytes(), Fault::DropReply, 1);
+    let again = proxy.add_rule(release.as_bytes(), Fault::DelayReply(Duration::ZERO), 1);
+    assert!(p.release().is_err(), "the release reply is lost");
+    proxy.wait_hits(again, 1, WAIT);
+    wait_until("the background release to be answered", WAIT, || {
+        c.stats().unsettled_requests == 0
+    });
+    assert_eq!(available(&srv, "slots"), 1, "returned once");
+}
+
+/// Redisson's RPermitExpirableSemaphore layout: a permit redlease takes is a
+/// 16-byte member of `{name}:timeout` scored with its expiry; one Redisson
+/// takes (same layout, raw connection) counts against redlease, and its
+/// release by id wakes a redlease waiter.
+#[test]
+fn redisson_expirable_semaphore_shares_the_layout() {
+    let srv = RedisServer::start();
+    let c = client(&srv.url());
+    let sem = c.permit_expirable_semaphore("shared");
+    sem.try_set_permits(1).expect("set");
+    let p = sem.acquire(Duration::from_secs(60)).expect("acquire");
+    let mut conn = srv.conn();
+    let members: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
+        .arg("{shared}:timeout")
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query(&mut conn)
+        .expect("zrange");
+    assert_eq!(members.len(), 1);
+    let hex: String = members[0].0.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(hex, p.id(), "member = the id's 16 raw bytes");
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as f64;
+    assert!(
+        (members[0].1 - (now_ms + 60_000.0)).abs() < 5_000.0,
+        "score = expiry in epoch ms"
+    );
+    p.release().expect("release");
+    // Redisson's tryAcquire then release by id (§6), with a raw id.
+    let id = [7u8; 16];
+    let redisson_acquire = "local value = redis.call('get', KEYS[1]); if (value ~= false and tonumber(value) >= tonumber(ARGV[1])) then redis.call('decrby', KEYS[1], ARGV[1]); redis.call('zadd', KEYS[2], ARGV[2], ARGV[6]); return 'OK'; end; return nil;";
+    let took: Option<String> = redis::cmd("EVAL")
+        .arg(redisson_acquire)
+        .arg(3)
+        .arg("shared")
+        .arg("{shared}:timeout")
+        .arg("redisson_sc:{shared}")
+        .arg(1)
+        .arg(now_ms as u64 + 60_000)
+        .arg(now_ms as u64)
+        .arg(922_337_203_685_477u64)
+        .arg("publish")
+        .arg(&id[..])
+        .query(&mut conn)
+        .expect("redisson acquire");
+    assert_eq!(took.as_deref(), Some("OK"));
+    assert_eq!(sem.available_permits().expect("available"), 0);
+    let (tx, rx) = mpsc::channel();
+    let waiter = sem.clone();
+    thread::spawn(move || {
+        let p = waiter
+            .try_acquire_for(WAIT, Duration::from_secs(60))
+            .expect("wait");
+        tx.send(p.is_some()).expect("report");
+    });
+    wait_until("the redlease waiter to subscribe", WAIT, || {
+        srv.subscribers("redisson_sc:{shared}") == 1
+    });
+    let redisson_release = "local expire = redis.call('zscore', KEYS[3], ARGV[1]); local removed = redis.call('zrem', KEYS[3], ARGV[1]); if tonumber(removed) ~= 1 then return 0; end; local value = redis.call('incrby', KEYS[1], ARGV[2]); redis.call(ARGV[4], KEYS[2], value); return 1;";
+    let released: i64 = redis::cmd("EVAL")
+        .arg(redisson_release)
+        .arg(3)
+        .arg("shared")
+        .arg("redisson_sc:{shared}")
+        .arg("{shared}:timeout")
+        .arg(&id[..])
+        .arg(1)
+        .arg(now_ms as u64)
+        .arg("publish")
+        .query(&mut conn)
+        .expect("redisson release");
+    assert_eq!(released, 1);
+    assert!(rx.recv_timeout(WAIT).expect("woken by Redisson's release"));
+}
