@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use crate::client::{Client, Shared};
 use crate::connection::Synced;
 use crate::error::{Error, Result};
-use crate::scripts::{self, LockRef};
+use crate::scripts::{self, Kind, LockRef};
 
 /// `sent + lease_ms`, saturating far in the future.
 pub(crate) fn deadline(sent: Instant, lease_ms: u64) -> Instant {
@@ -81,6 +81,11 @@ pub(crate) struct Hold {
     /// The release channel (`scripts::channel_name`).
     pub(crate) channel: String,
     pub(crate) field: String,
+    pub(crate) kind: Kind,
+    /// A read hold's key prefix (`LockRef::hold_prefix`), else empty.
+    pub(crate) prefix: String,
+    /// Its key among this thread's holds ([`slot_key`]).
+    slot: String,
     /// Guards alive for this owner; changed only by the owning thread.
     count: AtomicU32,
     /// Of those, the guards taken without a lease (renewed by the watchdog).
@@ -121,6 +126,9 @@ impl Hold {
             name: lock.name.to_owned(),
             channel: lock.channel.to_owned(),
             field: lock.field.to_owned(),
+            kind: lock.kind,
+            prefix: lock.hold_prefix(),
+            slot: slot_key(lock.name, lock.kind),
             count: AtomicU32::new(0),
             watched: AtomicU32::new(0),
             watch_lease_ms: AtomicU64::new(0),
@@ -144,6 +152,7 @@ impl Hold {
             name: &self.name,
             channel: &self.channel,
             field: &self.field,
+            kind: self.kind,
         }
     }
 
@@ -326,6 +335,10 @@ pub(crate) struct Unsettled {
     pub(crate) name: String,
     pub(crate) channel: String,
     pub(crate) field: String,
+    /// The lock's kind (`kind` is what the request was).
+    pub(crate) lock_kind: Kind,
+    /// Its key among this thread's holds ([`slot_key`]).
+    slot: String,
     /// The request's key: an acquire's cancel marker or a release's latch.
     /// Set with a TTL of [`scripts::LATE_REQUEST_WINDOW_MS`].
     pub(crate) key: String,
@@ -372,6 +385,8 @@ impl Unsettled {
             name: lock.name.to_owned(),
             channel: lock.channel.to_owned(),
             field: lock.field.to_owned(),
+            lock_kind: lock.kind,
+            slot: slot_key(lock.name, lock.kind),
             key,
             kind,
             hold: hold.map(Arc::downgrade),
@@ -407,6 +422,7 @@ impl Unsettled {
             name: &self.name,
             channel: &self.channel,
             field: &self.field,
+            kind: self.lock_kind,
         }
     }
 }
@@ -475,10 +491,21 @@ fn prune(client_id: u64, name: &str) {
     });
 }
 
-/// The active hold this thread has on `name` through client `client_id`, and
-/// its requests that are not settled yet.
-pub(crate) fn owner_state(client_id: u64, name: &str) -> (Option<Arc<Hold>>, Vec<Arc<Unsettled>>) {
-    with_slot(client_id, name, |slot| match slot {
+/// The key of `name`'s holds of `kind` among a thread's holds: the name, or
+/// for a write lock the name marked as such (a thread may hold the read and
+/// the write lock of one name at once, as two holds).
+pub(crate) fn slot_key(name: &str, kind: Kind) -> String {
+    if kind == Kind::Write {
+        format!("{name}\0write")
+    } else {
+        name.to_owned()
+    }
+}
+
+/// The active hold this thread has under `slot` ([`slot_key`]) through
+/// client `client_id`, and its requests that are not settled yet.
+pub(crate) fn owner_state(client_id: u64, slot: &str) -> (Option<Arc<Hold>>, Vec<Arc<Unsettled>>) {
+    with_slot(client_id, slot, |slot| match slot {
         None => (None, Vec::new()),
         Some(slot) => {
             slot.pending.retain(|p| !p.is_done());
@@ -492,26 +519,26 @@ pub(crate) fn owner_state(client_id: u64, name: &str) -> (Option<Arc<Hold>>, Vec
 }
 
 pub(crate) fn insert_hold(hold: &Arc<Hold>) {
-    with_slot_or_insert(hold.client_id, &hold.name, |slot| {
+    with_slot_or_insert(hold.client_id, &hold.slot, |slot| {
         slot.hold = Some(Arc::clone(hold));
     });
 }
 
 fn remove_hold(hold: &Arc<Hold>) {
-    with_slot(hold.client_id, &hold.name, |slot| {
+    with_slot(hold.client_id, &hold.slot, |slot| {
         if let Some(slot) = slot {
             if slot.hold.as_ref().is_some_and(|x| Arc::ptr_eq(x, hold)) {
                 slot.hold = None;
             }
         }
     });
-    prune(hold.client_id, &hold.name);
+    prune(hold.client_id, &hold.slot);
 }
 
 /// `false` if this thread holds a newer hold of the same lock than `hold`
 /// (taken after `hold` was lost): that one owns the owner field now.
 fn is_latest(hold: &Arc<Hold>) -> bool {
-    with_slot(hold.client_id, &hold.name, |slot| {
+    with_slot(hold.client_id, &hold.slot, |slot| {
         slot.and_then(|s| s.hold.as_ref())
             .is_none_or(|x| Arc::ptr_eq(x, hold))
     })
@@ -519,7 +546,7 @@ fn is_latest(hold: &Arc<Hold>) -> bool {
 }
 
 fn add_pending(client_id: u64, cancel: &Arc<Unsettled>) {
-    with_slot_or_insert(client_id, &cancel.name, |slot| {
+    with_slot_or_insert(client_id, &cancel.slot, |slot| {
         slot.pending.push(Arc::clone(cancel));
     });
 }
@@ -531,12 +558,12 @@ pub(crate) fn settle(client_id: u64, requests: &[Arc<Unsettled>]) {
         r.set_done();
     }
     if let Some(first) = requests.first() {
-        with_slot(client_id, &first.name, |slot| {
+        with_slot(client_id, &first.slot, |slot| {
             if let Some(slot) = slot {
                 slot.pending.retain(|p| !p.is_done());
             }
         });
-        prune(client_id, &first.name);
+        prune(client_id, &first.slot);
     }
 }
 
@@ -791,7 +818,7 @@ impl LockGuard {
         let shared = &self.client.shared;
         let n = shared.next_request();
         let latch = scripts::unlock_latch_name(&hold.name, &hold.field, n);
-        let (_, pending) = owner_state(hold.client_id, &hold.name);
+        let (_, pending) = owner_state(hold.client_id, &hold.slot);
         let sent = Instant::now();
         if left > 0 {
             hold.begin(sent, lease_ms);
@@ -824,6 +851,7 @@ impl LockGuard {
             latch_ms: shared.latch_ttl_ms,
             gen: r.n,
             publish: shared.router.publish_command(),
+            prefix: &self.hold.prefix,
         }
     }
 

@@ -8,11 +8,12 @@ use crate::client::Client;
 use crate::connection::Synced;
 use crate::error::{Error, Result};
 use crate::guard::{
-    insert_hold, keys, owner_state, settle, settle_later, Hold, LockGuard, Lost, Unsettled,
+    insert_hold, keys, owner_state, settle, settle_later, slot_key, Hold, LockGuard, Lost,
+    Unsettled,
 };
 use crate::pubsub::{Subscription, WakeRule};
 use crate::router::Router;
-use crate::scripts::{self, AcquireReply, LockRef};
+use crate::scripts::{self, AcquireReply, Kind, LockRef};
 use crate::waiting::Waiters;
 pub(crate) use crate::waiting::{Attempt, Wait};
 
@@ -69,6 +70,9 @@ pub struct Lock {
     renew_interval: Option<Duration>,
     /// A fenced lock's token key (Redisson's RFencedLock), computed once.
     token_key: Option<String>,
+    kind: Kind,
+    /// Its key among a thread's holds (`guard::slot_key`), computed once.
+    slot: String,
 }
 
 /// What one acquisition asks for.
@@ -84,6 +88,10 @@ pub(crate) struct Request {
     existing: Option<Arc<Hold>>,
     pending: Vec<Arc<Unsettled>>,
     field: String,
+    /// A read hold's key prefix, else empty.
+    prefix: String,
+    /// A reader's thread's writer field, else empty.
+    writer: String,
     /// Holds the owner had when the request was made.
     held: u32,
     watched: bool,
@@ -98,21 +106,39 @@ pub(crate) struct Request {
 
 impl Lock {
     pub(crate) fn new(client: Client, name: String) -> Lock {
-        Lock {
-            client,
-            channel: scripts::channel_name(&name),
-            name,
-            renew_interval: None,
-            token_key: None,
-        }
+        Lock::of_kind(client, name, Kind::Plain)
     }
 
     /// A fenced lock (see [`Client::fenced_lock`]).
     pub(crate) fn fenced(client: Client, name: String) -> Lock {
+        Lock::of_kind(client, name, Kind::Fenced)
+    }
+
+    /// A lock of `kind`: its channel, token key and slot key.
+    pub(crate) fn of_kind(client: Client, name: String, kind: Kind) -> Lock {
         Lock {
-            token_key: Some(scripts::token_name(&name)),
-            ..Lock::new(client, name)
+            client,
+            channel: if kind.is_rw() {
+                scripts::rw_channel_name(&name)
+            } else {
+                scripts::channel_name(&name)
+            },
+            token_key: (kind == Kind::Fenced).then(|| scripts::token_name(&name)),
+            slot: slot_key(&name, kind),
+            kind,
+            name,
+            renew_interval: None,
         }
+    }
+
+    /// This thread's owner field for this lock (`:write` appended for a
+    /// write lock).
+    fn owner_field(&self) -> String {
+        let mut field = self.client.shared.owner_field();
+        if self.kind == Kind::Write {
+            field.push_str(":write");
+        }
+        field
     }
 
     /// Renews this lock's lease every `interval` instead of every third of
@@ -308,7 +334,7 @@ impl Lock {
     /// Empty name, or a Redis or pool error.
     pub fn hold_count(&self) -> Result<u32> {
         self.check_name()?;
-        let field = self.client.shared.owner_field();
+        let field = self.owner_field();
         let n: Option<u32> = self.router().run(&self.name, |c| {
             redis::cmd("HGET").arg(&self.name).arg(&field).query(c)
         })?;
@@ -329,7 +355,7 @@ impl Lock {
     /// Empty name, or a Redis or pool error.
     pub fn is_held_by_current_thread(&self) -> Result<bool> {
         self.check_name()?;
-        let field = self.client.shared.owner_field();
+        let field = self.owner_field();
         self.router().run(&self.name, |c| {
             redis::cmd("HEXISTS").arg(&self.name).arg(&field).query(c)
         })
@@ -455,7 +481,12 @@ impl Lock {
             router: self.router(),
             name: &self.name,
             channel: &self.channel,
-            rule: WakeRule::One,
+            // A write release ('1') lets every reader in.
+            rule: if self.kind.is_rw() {
+                WakeRule::OneOrAll
+            } else {
+                WakeRule::One
+            },
             recheck: NO_TTL_RECHECK,
         }
     }
@@ -501,10 +532,10 @@ impl Lock {
     /// an existing hold's bound as what the request may set.
     pub(crate) fn prepare(&self, terms: &Terms) -> Request {
         let shared = &self.client.shared;
-        let (existing, pending) = owner_state(shared.id, &self.name);
+        let (existing, pending) = owner_state(shared.id, &self.slot);
         let field = existing
             .as_ref()
-            .map_or_else(|| shared.owner_field(), |h| h.field.clone());
+            .map_or_else(|| self.owner_field(), |h| h.field.clone());
         let held = existing.as_ref().map_or(0, |h| h.count());
         let watched = terms.renew.is_some();
         // A re-entry never shortens the lease that watched guards need; the
@@ -515,6 +546,18 @@ impl Lock {
         let restore_ms = existing.as_ref().map_or(0, |h| h.needed_lease_ms());
         let n = shared.next_request();
         let marker = scripts::acquire_cancel_name(&self.name, &field, n);
+        // A reader's hold keys, and its thread's writer field.
+        let (prefix, writer) = if self.kind == Kind::Read {
+            let lock = LockRef {
+                name: &self.name,
+                channel: &self.channel,
+                field: &field,
+                kind: self.kind,
+            };
+            (lock.hold_prefix(), format!("{field}:write"))
+        } else {
+            (String::new(), String::new())
+        };
         let sent = Instant::now();
         if let Some(h) = &existing {
             h.begin(sent, lease_ms);
@@ -523,6 +566,8 @@ impl Lock {
             existing,
             pending,
             field,
+            prefix,
+            writer,
             held,
             watched,
             lease_ms,
@@ -539,6 +584,7 @@ impl Lock {
             name: &self.name,
             channel: &self.channel,
             field: &request.field,
+            kind: self.kind,
         }
     }
 
@@ -558,6 +604,8 @@ impl Lock {
             lease_ms: r.lease_ms,
             count: r.held + 1,
             gen: r.n,
+            prefix: &r.prefix,
+            writer: &r.writer,
         }
     }
 
@@ -604,6 +652,7 @@ impl Lock {
             name: &self.name,
             channel: &self.channel,
             field: &r.field,
+            kind: self.kind,
         };
         let unsynced = match &reply {
             Ok((r, Synced::No { wanted, acked })) if r.busy.is_none() => Some(Error::ReplicaSync {

@@ -170,6 +170,9 @@ pub(crate) enum WakeRule {
     One,
     /// All: a count-down latch reached zero or was deleted.
     All,
+    /// By the payload: all for `1` (a write lock released or downgraded:
+    /// every reader may go), one for anything else (a read lock released).
+    OneOrAll,
     /// All when the payload is a positive count (permits came back; each
     /// waiter tries for what it needs), none otherwise (Redisson's listeners
     /// read the count; a negative one means none are available).
@@ -183,6 +186,7 @@ impl WakeRule {
         match self {
             WakeRule::One => Some(false),
             WakeRule::All => Some(true),
+            WakeRule::OneOrAll => Some(payload == b"1"),
             WakeRule::Permits => std::str::from_utf8(payload)
                 .ok()
                 .and_then(|p| p.trim().parse::<i64>().ok())

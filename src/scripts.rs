@@ -20,11 +20,11 @@ pub(crate) struct Lua {
 }
 
 macro_rules! lua {
-    ($vis:vis $name:ident, $file:literal) => {
+    ($vis:vis $name:ident, $($file:literal),+) => {
         $vis static $name: Lua = Lua {
-            source: include_str!($file),
+            source: concat!($(include_str!($file)),+),
             sha: LazyLock::new(|| {
-                redis::Script::new(include_str!($file))
+                redis::Script::new(concat!($(include_str!($file)),+))
                     .get_hash()
                     .to_owned()
             }),
@@ -34,6 +34,10 @@ macro_rules! lua {
 
 lua!(ACQUIRE, "scripts/acquire.lua");
 lua!(RELEASE, "scripts/release.lua");
+// The read-write lock's scripts share the functions of rw_lib.lua.
+lua!(RW_ACQUIRE, "scripts/rw_acquire.lua");
+lua!(RW_RELEASE, "scripts/rw_lib.lua", "scripts/rw_release.lua");
+lua!(RW_CANCEL, "scripts/rw_lib.lua", "scripts/rw_cancel.lua");
 lua!(CANCEL_ACQUIRE, "scripts/cancel_acquire.lua");
 lua!(FORCE_UNLOCK, "scripts/force_unlock.lua");
 lua!(LATCH_SET, "scripts/latch_set.lua");
@@ -91,10 +95,46 @@ fn command(verb: &str, script: &str, num_keys: usize, size: usize, fill: impl Fn
 pub(crate) struct LockRef<'a> {
     /// The lock's key.
     pub(crate) name: &'a str,
-    /// Its release channel ([`channel_name`]).
+    /// Its release channel ([`channel_name`], [`rw_channel_name`]).
     pub(crate) channel: &'a str,
-    /// The owner field, `<client-uuid>:<thread-id>`.
+    /// The owner field, `<client-uuid>:<thread-id>` (`:write` appended for
+    /// a write lock).
     pub(crate) field: &'a str,
+    pub(crate) kind: Kind,
+}
+
+/// The layout and scripts of a lock's hash.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Redisson's `RLock`.
+    Plain,
+    /// Redisson's `RFencedLock`: `RLock` plus a token key.
+    Fenced,
+    /// A read hold of Redisson's `RReadWriteLock`.
+    Read,
+    /// A write hold of Redisson's `RReadWriteLock`.
+    Write,
+}
+
+impl Kind {
+    /// A read or a write hold (the read-write lock's scripts).
+    pub(crate) fn is_rw(self) -> bool {
+        matches!(self, Kind::Read | Kind::Write)
+    }
+}
+
+impl LockRef<'_> {
+    /// A read hold's key prefix, `{<name>}:<owner>:rwlock_timeout`
+    /// (Redisson's); empty for other kinds.
+    pub(crate) fn hold_prefix(&self) -> String {
+        if self.kind == Kind::Read {
+            let mut s = suffix_name(self.name, self.field);
+            s.push_str(":rwlock_timeout");
+            s
+        } else {
+            String::new()
+        }
+    }
 }
 
 /// acquire.lua's request: `None` when acquired, else the script's code or
@@ -111,10 +151,30 @@ pub(crate) struct Acquire<'a> {
     pub(crate) lease_ms: u64,
     pub(crate) count: u32,
     pub(crate) gen: u64,
+    /// A read hold's key prefix ([`LockRef::hold_prefix`]).
+    pub(crate) prefix: &'a str,
+    /// A reader's thread's writer field (a writer may also read).
+    pub(crate) writer: &'a str,
 }
 
 impl Acquire<'_> {
     fn fill(&self, cmd: &mut Cmd) {
+        if self.lock.kind.is_rw() {
+            cmd.arg(self.lock.name).arg(self.marker);
+            for key in &self.unsettled {
+                cmd.arg(*key);
+            }
+            cmd.arg(self.lease_ms)
+                .arg(self.lock.field)
+                .arg(self.count)
+                .arg(self.gen)
+                .arg(self.prefix)
+                .arg(self.writer);
+            if !self.unsettled.is_empty() {
+                cmd.arg(LATE_REQUEST_WINDOW_MS);
+            }
+            return;
+        }
         cmd.arg(self.lock.name).arg(self.marker);
         if let Some(token) = self.token {
             cmd.arg(token);
@@ -136,14 +196,23 @@ impl Acquire<'_> {
         2 + usize::from(self.token.is_some()) + self.unsettled.len()
     }
 
+    fn script(&self) -> &'static Lua {
+        if self.lock.kind.is_rw() {
+            &RW_ACQUIRE
+        } else {
+            &ACQUIRE
+        }
+    }
+
     /// Runs it in one round trip.
     pub(crate) fn run(&self, conn: &mut crate::transport::Connection) -> RedisResult<AcquireReply> {
-        AcquireReply::parse(ACQUIRE.run(conn, self.keys(), |cmd| self.fill(cmd))?)
+        AcquireReply::parse(self.script().run(conn, self.keys(), |cmd| self.fill(cmd))?)
     }
 
     /// Its EVALSHA command, for a round trip shared with other requests.
     pub(crate) fn command(&self) -> Cmd {
-        ACQUIRE.evalsha(self.keys(), 512, |cmd| self.fill(cmd))
+        self.script()
+            .evalsha(self.keys(), 512, |cmd| self.fill(cmd))
     }
 }
 
@@ -235,6 +304,8 @@ pub(crate) struct Release<'a> {
     pub(crate) latch_ms: u64,
     pub(crate) gen: u64,
     pub(crate) publish: &'a str,
+    /// A read hold's key prefix ([`LockRef::hold_prefix`]).
+    pub(crate) prefix: &'a str,
 }
 
 impl Release<'_> {
@@ -251,6 +322,9 @@ impl Release<'_> {
             .arg(self.latch_ms)
             .arg(self.gen)
             .arg(self.publish);
+        if self.lock.kind.is_rw() {
+            cmd.arg(self.prefix).arg(rw_base(self.lock.name));
+        }
         if !self.unsettled.is_empty() {
             cmd.arg(LATE_REQUEST_WINDOW_MS);
         }
@@ -260,14 +334,23 @@ impl Release<'_> {
         3 + self.unsettled.len()
     }
 
+    fn script(&self) -> &'static Lua {
+        if self.lock.kind.is_rw() {
+            &RW_RELEASE
+        } else {
+            &RELEASE
+        }
+    }
+
     /// Runs it in one round trip.
     pub(crate) fn run(&self, conn: &mut crate::transport::Connection) -> RedisResult<Option<i64>> {
-        RELEASE.run(conn, self.keys(), |cmd| self.fill(cmd))
+        self.script().run(conn, self.keys(), |cmd| self.fill(cmd))
     }
 
     /// Its EVALSHA command, for a round trip shared with other requests.
     pub(crate) fn command(&self) -> Cmd {
-        RELEASE.evalsha(self.keys(), 512, |cmd| self.fill(cmd))
+        self.script()
+            .evalsha(self.keys(), 512, |cmd| self.fill(cmd))
     }
 }
 
@@ -282,7 +365,12 @@ pub(crate) fn cancel_acquire(
     gen: u64,
     publish: &str,
 ) -> RedisResult<i64> {
-    CANCEL_ACQUIRE.run(conn, 3, |cmd| {
+    let script = if lock.kind.is_rw() {
+        &RW_CANCEL
+    } else {
+        &CANCEL_ACQUIRE
+    };
+    script.run(conn, 3, |cmd| {
         cmd.arg(lock.name)
             .arg(lock.channel)
             .arg(marker)
@@ -292,6 +380,9 @@ pub(crate) fn cancel_acquire(
             .arg(LATE_REQUEST_WINDOW_MS)
             .arg(gen)
             .arg(publish);
+        if lock.kind.is_rw() {
+            cmd.arg(lock.hold_prefix()).arg(rw_base(lock.name));
+        }
     })
 }
 
@@ -457,11 +548,7 @@ pub(crate) fn semaphore_cancel_name(name: &str, client: &str, n: u64) -> String 
 /// The set of permits out of permit-expirable semaphore `name` (Redisson's
 /// `suffixName(name, "timeout")`).
 pub(crate) fn permits_out_name(name: &str) -> String {
-    if name.contains('{') {
-        format!("{name}:timeout")
-    } else {
-        format!("{{{name}}}:timeout")
-    }
+    suffix_name(name, "timeout")
 }
 
 /// The cancel marker of the acquisition of permit `id` (hex) of
@@ -541,6 +628,31 @@ pub(crate) fn same_slot(name: &str) -> bool {
     crate::cluster::slot(name.as_bytes()) == crate::cluster::slot(channel.as_bytes())
         && crate::cluster::slot(unlock_latch_name(name, "x", 0).as_bytes())
             == crate::cluster::slot(name.as_bytes())
+}
+
+/// Redisson's `suffixName`: `{<name>}:<suffix>`, or `<name>:<suffix>` when
+/// the name already carries a hash tag.
+fn suffix_name(name: &str, suffix: &str) -> String {
+    if name.contains('{') {
+        format!("{name}:{suffix}")
+    } else {
+        format!("{{{name}}}:{suffix}")
+    }
+}
+
+/// What the read-write lock's hold keys of `name` start with: `{<name>}`,
+/// or `<name>` when it carries a hash tag (Redisson's key prefix).
+fn rw_base(name: &str) -> String {
+    if name.contains('{') {
+        name.to_owned()
+    } else {
+        format!("{{{name}}}")
+    }
+}
+
+/// The channel of read-write lock `name` (Redisson's, for both locks).
+pub(crate) fn rw_channel_name(name: &str) -> String {
+    prefix_name("redisson_rwlock", name, 0)
 }
 
 /// The channel a full release publishes on (Redisson's).

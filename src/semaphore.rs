@@ -437,6 +437,7 @@ impl Names {
             name: &self.name,
             channel: &self.channel,
             field,
+            kind: scripts::Kind::Plain,
         }
     }
 }

@@ -408,6 +408,7 @@ impl Inner {
                     latch_ms: scripts::LATE_REQUEST_WINDOW_MS,
                     gen: n,
                     publish,
+                    prefix: &u.lock_ref().hold_prefix(),
                 }
                 .run(conn)
                 .map(|r| r.unwrap_or(0)),
@@ -791,7 +792,10 @@ impl Inner {
 fn renew_command(batch: &[Renewal], gens: &[String], chunk: &[usize], eval: bool) -> redis::Cmd {
     let size = chunk
         .iter()
-        .map(|&i| batch[i].hold.name.len() + batch[i].hold.field.len() + 48)
+        .map(|&i| {
+            let h = &batch[i].hold;
+            h.name.len() + h.field.len() + h.prefix.len() + 52
+        })
         .sum();
     let fill = |cmd: &mut redis::Cmd| {
         for &i in chunk {
@@ -799,7 +803,10 @@ fn renew_command(batch: &[Renewal], gens: &[String], chunk: &[usize], eval: bool
         }
         for &i in chunk {
             let r = &batch[i];
-            cmd.arg(&r.hold.field).arg(&gens[i]).arg(r.lease_ms);
+            cmd.arg(&r.hold.field)
+                .arg(&gens[i])
+                .arg(r.lease_ms)
+                .arg(&r.hold.prefix);
         }
     };
     if eval {
@@ -829,9 +836,12 @@ fn parse_renewal(reply: redis::Value, n: usize) -> redis::RedisResult<Vec<Outcom
         };
         *slot = match code {
             redis::Value::Int(_) => Outcome::Gone,
-            redis::Value::BulkString(gen) => {
-                Outcome::Stale(std::str::from_utf8(gen).ok().and_then(|g| g.parse().ok()))
-            }
+            redis::Value::BulkString(gen) => Outcome::Stale(
+                std::str::from_utf8(gen)
+                    .ok()
+                    .map(|g| g.strip_prefix('g').unwrap_or(g))
+                    .and_then(|g| g.parse().ok()),
+            ),
             _ => return Err(bad_reply("renewal reply has an unknown code")),
         };
     }

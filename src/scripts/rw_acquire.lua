@@ -1,0 +1,51 @@
+-- Acquire or re-enter a read or write lock (Redisson RReadWriteLock layout,
+-- see the part above). Readers share the lock while mode is 'read' (or when
+-- the reader's own thread holds the write lock); a writer holds it alone.
+-- There is no upgrade: a reader asking for the write lock waits.
+-- KEYS[1] the hash          KEYS[2] cancel marker of this request
+-- KEYS[3..] keys of this owner's unsettled requests, set first (see
+--           acquire.lua)
+-- ARGV[1] lease in ms       ARGV[2] owner field (a writer's ends in ':write')
+-- ARGV[3] hold count after this acquisition   ARGV[4] generation
+-- ARGV[5] a reader's hold-key prefix ({<name>}:<uuid>:<thread>:rwlock_timeout),
+--         '' for a writer
+-- ARGV[6] a reader's thread's writer field (a writer may also read)
+-- ARGV[7] TTL in ms of the keys in KEYS[3..] (given only with them)
+-- Returns nil when acquired, -3 when cancelled already, -4 when the caller
+-- believes it holds the lock but its field is gone, else the PTTL.
+for i = 3, #KEYS do
+    redis.call('set', KEYS[i], 1, 'px', ARGV[7])
+end
+if redis.call('exists', KEYS[2]) == 1 then
+    return -3
+end
+local count = tonumber(ARGV[3])
+local mine = redis.call('hexists', KEYS[1], ARGV[2]) == 1
+if count > 1 and not mine then
+    return -4
+end
+local mode = redis.call('hget', KEYS[1], 'mode')
+local reader = ARGV[5] ~= ''
+local ok
+if not mode then
+    -- A hash without a mode is another kind of lock on this name: busy.
+    ok = redis.call('exists', KEYS[1]) == 0
+elseif reader then
+    ok = mode == 'read' or (mode == 'write' and redis.call('hexists', KEYS[1], ARGV[6]) == 1)
+else
+    ok = mode == 'write' and mine
+end
+if not ok then
+    return redis.call('pttl', KEYS[1])
+end
+if not mode then
+    redis.call('hset', KEYS[1], 'mode', reader and 'read' or 'write')
+end
+redis.call('hset', KEYS[1], ARGV[2], count, ARGV[2] .. ':gen', 'g' .. ARGV[4])
+if reader then
+    redis.call('set', ARGV[5] .. ':' .. count, 1, 'px', ARGV[1])
+    redis.call('pexpire', KEYS[1], math.max(redis.call('pttl', KEYS[1]), tonumber(ARGV[1])))
+else
+    redis.call('pexpire', KEYS[1], ARGV[1])
+end
+return nil
