@@ -198,6 +198,21 @@ impl Client {
         crate::CountDownLatch::new(self.clone(), name.into())
     }
 
+    /// A handle on the read-write lock named `name` (Redisson's
+    /// `RReadWriteLock` layout): any number of readers, or one writer.
+    /// Cheap and infallible: the name is checked when it is used.
+    ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+    /// let rw = client.read_write_lock("catalog");
+    /// let reading = rw.read_lock().lock()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn read_write_lock(&self, name: impl Into<String>) -> crate::ReadWriteLock {
+        crate::ReadWriteLock::new(self.clone(), name.into())
+    }
+
     /// A handle on the semaphore named `name` (Redisson's `RSemaphore`
     /// layout). Cheap and infallible: the name is checked when it is used.
     ///

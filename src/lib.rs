@@ -124,6 +124,7 @@ mod lock;
 mod multi;
 mod pubsub;
 mod router;
+mod rwlock;
 mod scripts;
 mod semaphore;
 mod target;
@@ -137,6 +138,7 @@ pub use crate::guard::LockGuard;
 pub use crate::latch::CountDownLatch;
 pub use crate::lock::{Lock, MAX_LEASE, MIN_RENEW_INTERVAL};
 pub use crate::multi::{MultiGuard, MultiLock, RedLock};
+pub use crate::rwlock::{ReadLock, ReadWriteLock, WriteLock};
 pub use crate::semaphore::{
     ExpirableSemaphore, Permit, Semaphore, SemaphorePermits, PERMIT_RECHECK,
 };

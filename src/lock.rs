@@ -418,6 +418,8 @@ impl Lock {
                 &latch,
                 shared.latch_ttl_ms,
                 self.router().publish_command(),
+                // A read-write lock's waiters may all go.
+                u8::from(self.kind.is_rw()),
             )
         })?;
         Ok(deleted == 1)
@@ -425,6 +427,21 @@ impl Lock {
 
     pub(crate) fn router(&self) -> &Router {
         &self.client.shared.router
+    }
+
+    /// `true` if this thread holds this lock through this client, as far as
+    /// it knows (not released, not found lost).
+    pub(crate) fn held_here(&self) -> bool {
+        owner_state(self.client.shared.id, &self.slot).0.is_some()
+    }
+
+    /// The same lock as another kind (the read or the write lock of a
+    /// read-write lock), with the same renew interval.
+    pub(crate) fn as_kind(&self, kind: Kind) -> Lock {
+        Lock {
+            renew_interval: self.renew_interval,
+            ..Lock::of_kind(self.client.clone(), self.name.clone(), kind)
+        }
     }
 
     fn check_name(&self) -> Result<()> {

@@ -569,13 +569,15 @@ pub(crate) fn force_unlock(
     latch: &str,
     latch_ms: u64,
     publish: &str,
+    message: u8,
 ) -> RedisResult<i64> {
     FORCE_UNLOCK.run(conn, 3, |cmd| {
         cmd.arg(name)
             .arg(channel)
             .arg(latch)
             .arg(latch_ms)
-            .arg(publish);
+            .arg(publish)
+            .arg(message);
     })
 }
 

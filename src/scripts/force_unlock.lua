@@ -1,7 +1,8 @@
 -- Delete a lock whoever holds it and wake a waiter (Redisson forceUnlock).
 -- KEYS[1] lock hash   KEYS[2] release channel   KEYS[3] latch of this request
 -- ARGV[1] latch TTL in ms   ARGV[2] the publish command ('publish' or
--- 'spublish', see release.lua)
+-- 'spublish', see release.lua)   ARGV[3] the message: '0' (one waiter per
+-- process), '1' for a read-write lock (every waiter)
 -- Returns 1 if a lock was deleted, else 0. A retry of the same request (same
 -- latch) after a lost reply returns the first run's answer.
 local done = redis.call('get', KEYS[3])
@@ -12,7 +13,7 @@ local deleted = 0
 if redis.call('exists', KEYS[1]) == 1 then
     -- Publish first: without the channel in its ACL the user stops here
     -- with nothing changed (subscribers see the message after the script).
-    redis.call(ARGV[2], KEYS[2], 0)
+    redis.call(ARGV[2], KEYS[2], ARGV[3])
     redis.call('del', KEYS[1])
     deleted = 1
 end

@@ -23,6 +23,7 @@ mod lock;
 mod redisson_interop;
 mod redlock;
 mod replica_sync;
+mod rwlock;
 mod semaphore;
 mod sentinel;
 mod support_selftest;

@@ -1,0 +1,301 @@
+//! The read-write lock ([`ReadWriteLock`], Redisson's `RReadWriteLock`
+//! layout): any number of readers, or one writer.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use crate::client::Client;
+use crate::error::{Error, Result};
+use crate::guard::LockGuard;
+use crate::lock::Lock;
+use crate::scripts::Kind;
+
+/// A distributed read-write lock, shared with Redisson's `RReadWriteLock` on
+/// the same name: any number of readers hold it at once, or one writer
+/// (re-entrant), never both.
+///
+/// Both locks are re-entrant per thread, renewed by the watchdog when taken
+/// without a lease, and return the usual [`LockGuard`]. The writer's thread
+/// may also take the read lock, and keep it when it releases the write lock
+/// (a downgrade). There is **no upgrade**: a thread holding only the read lock
+/// that asks for the write lock waits for itself, so the timed calls
+/// ([`WriteLock::try_lock_for`], ...) return `None` at their deadline, and
+/// the calls without one ([`WriteLock::lock`], [`WriteLock::lock_with_lease`])
+/// fail at once with [`Error::InvalidArgument`] instead of waiting forever.
+/// Release the read lock first.
+///
+/// Readers are admitted while others read, even with writers waiting
+/// (Redisson's rule): a steady stream of readers can keep a writer waiting.
+/// A write release (or a downgrade) wakes every waiter of the process; a read
+/// release that frees the lock wakes one.
+///
+/// On Redis: the hash `<name>` holds `mode` (`read` or `write`), a hold
+/// count per reader (`<client-uuid>:<thread-id>`) and per writer
+/// (`...:write`), and each read hold has a key
+/// `{<name>}:<client-uuid>:<thread-id>:rwlock_timeout:<k>` with its lease,
+/// which the watchdog renews (only its own: a crashed reader's holds run
+/// out); the channel is `redisson_rwlock:{<name>}`.
+///
+/// ```no_run
+/// # fn main() -> redlease::Result<()> {
+/// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+/// use std::time::Duration;
+/// let rw = client.read_write_lock("catalog");
+/// {
+///     let _r = rw.read_lock().lock()?;          // shared with other readers
+///     // ... read ...
+/// }
+/// if let Some(_w) = rw.write_lock().try_lock_for(Duration::from_secs(5))? {
+///     // ... write, alone ...
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+#[must_use = "a ReadWriteLock does nothing until one of its methods is called"]
+pub struct ReadWriteLock {
+    read: Lock,
+    write: Lock,
+}
+
+impl ReadWriteLock {
+    pub(crate) fn new(client: Client, name: String) -> ReadWriteLock {
+        let read = Lock::of_kind(client, name, Kind::Read);
+        ReadWriteLock {
+            write: read.as_kind(Kind::Write),
+            read,
+        }
+    }
+
+    /// The lock's name (the key of its hash).
+    #[must_use]
+    pub fn name(&self) -> &str {
+        self.read.name()
+    }
+
+    /// The read lock.
+    pub fn read_lock(&self) -> ReadLock {
+        ReadLock {
+            lock: self.read.clone(),
+        }
+    }
+
+    /// The write lock.
+    pub fn write_lock(&self) -> WriteLock {
+        WriteLock {
+            lock: self.write.clone(),
+        }
+    }
+
+    /// `true` if anyone holds it, to read or to write.
+    ///
+    /// # Errors
+    ///
+    /// Empty name, or a Redis or pool error.
+    pub fn is_locked(&self) -> Result<bool> {
+        self.read.is_locked()
+    }
+
+    /// `true` if a writer holds it.
+    ///
+    /// # Errors
+    ///
+    /// Empty name, or a Redis or pool error.
+    pub fn is_write_locked(&self) -> Result<bool> {
+        let mode: Option<String> = self.read.router().run(self.name(), |c| {
+            redis::cmd("HGET").arg(self.name()).arg("mode").query(c)
+        })?;
+        Ok(mode.as_deref() == Some("write"))
+    }
+
+    /// Deletes the lock whoever holds it and wakes every waiter; `true` if
+    /// it was held. The former holders' guards report the loss at their
+    /// next renewal, check or release.
+    ///
+    /// # Errors
+    ///
+    /// Empty name, or a Redis or pool error.
+    pub fn force_unlock(&self) -> Result<bool> {
+        self.write.force_unlock()
+    }
+}
+
+impl fmt::Debug for ReadWriteLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReadWriteLock")
+            .field("name", &self.name())
+            .finish()
+    }
+}
+
+/// The acquire methods of [`Lock`], on the read or the write lock.
+macro_rules! acquire_methods {
+    ($kind:literal) => {
+        /// The lock's name.
+        #[must_use]
+        pub fn name(&self) -> &str {
+            self.lock.name()
+        }
+
+        /// Renews this lock's lease every `interval` (see
+        /// [`Lock::with_renew_interval`]).
+        #[must_use = "with_renew_interval returns the lock with the interval set"]
+        pub fn with_renew_interval(self, interval: Duration) -> Self {
+            Self {
+                lock: self.lock.with_renew_interval(interval),
+            }
+        }
+
+        #[doc = concat!("Takes the ", $kind, " lock if it is free for it, without waiting.")]
+        ///
+        /// # Errors
+        ///
+        /// As for [`Lock::lock`].
+        pub fn try_lock(&self) -> Result<Option<LockGuard>> {
+            self.lock.try_lock()
+        }
+
+        #[doc = concat!("Takes the ", $kind, " lock, waiting at most `wait`.")]
+        ///
+        /// # Errors
+        ///
+        /// As for [`Lock::lock`].
+        pub fn try_lock_for(&self, wait: Duration) -> Result<Option<LockGuard>> {
+            self.lock.try_lock_for(wait)
+        }
+
+        #[doc = concat!("Takes the ", $kind, " lock, waiting until `deadline` at the latest.")]
+        ///
+        /// # Errors
+        ///
+        /// As for [`Lock::lock`].
+        pub fn try_lock_until(&self, deadline: Instant) -> Result<Option<LockGuard>> {
+            self.lock.try_lock_until(deadline)
+        }
+
+        #[doc = concat!("Takes the ", $kind, " lock with a fixed `lease`, waiting at most `wait`.")]
+        ///
+        /// # Errors
+        ///
+        /// As for [`Lock::lock_with_lease`].
+        pub fn try_lock_with_lease(
+            &self,
+            wait: Duration,
+            lease: Duration,
+        ) -> Result<Option<LockGuard>> {
+            self.lock.try_lock_with_lease(wait, lease)
+        }
+
+        #[doc = concat!("How many times this thread holds the ", $kind, " lock, as Redis records it.")]
+        ///
+        /// # Errors
+        ///
+        /// Empty name, or a Redis or pool error.
+        pub fn hold_count(&self) -> Result<u32> {
+            self.lock.hold_count()
+        }
+
+        #[doc = concat!("`true` if this thread holds the ", $kind, " lock, as Redis records it.")]
+        ///
+        /// # Errors
+        ///
+        /// Empty name, or a Redis or pool error.
+        pub fn is_held_by_current_thread(&self) -> Result<bool> {
+            self.lock.is_held_by_current_thread()
+        }
+    };
+}
+
+/// The read lock of a [`ReadWriteLock`]: shared with other readers.
+#[derive(Clone)]
+#[must_use = "a ReadLock does nothing until one of its methods is called"]
+pub struct ReadLock {
+    lock: Lock,
+}
+
+impl ReadLock {
+    acquire_methods!("read");
+
+    /// Takes the read lock, waiting as long as it takes (while a writer
+    /// holds it). Renewed by the watchdog.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Lock::lock`].
+    pub fn lock(&self) -> Result<LockGuard> {
+        self.lock.lock()
+    }
+
+    /// Takes the read lock with a fixed `lease`, waiting as long as it
+    /// takes.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Lock::lock_with_lease`].
+    pub fn lock_with_lease(&self, lease: Duration) -> Result<LockGuard> {
+        self.lock.lock_with_lease(lease)
+    }
+}
+
+/// The write lock of a [`ReadWriteLock`]: one writer, no readers (but the
+/// writer's own thread).
+#[derive(Clone)]
+#[must_use = "a WriteLock does nothing until one of its methods is called"]
+pub struct WriteLock {
+    lock: Lock,
+}
+
+impl WriteLock {
+    acquire_methods!("write");
+
+    /// Takes the write lock, waiting as long as it takes. Renewed by the
+    /// watchdog.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] if this thread holds the read lock but
+    /// not the write lock (an upgrade would wait for itself forever);
+    /// otherwise as for [`Lock::lock`].
+    pub fn lock(&self) -> Result<LockGuard> {
+        self.check_no_upgrade()?;
+        self.lock.lock()
+    }
+
+    /// Takes the write lock with a fixed `lease`, waiting as long as it
+    /// takes.
+    ///
+    /// # Errors
+    ///
+    /// As for [`lock`](Self::lock), and for [`Lock::lock_with_lease`].
+    pub fn lock_with_lease(&self, lease: Duration) -> Result<LockGuard> {
+        self.check_no_upgrade()?;
+        self.lock.lock_with_lease(lease)
+    }
+
+    fn check_no_upgrade(&self) -> Result<()> {
+        if !self.lock.held_here() && self.lock.as_kind(Kind::Read).held_here() {
+            return Err(Error::invalid(format!(
+                "this thread holds the read lock of {:?}: taking the write lock would wait for \
+                 itself forever (there is no upgrade); release the read lock first, or use \
+                 try_lock_for to give up at a deadline",
+                self.lock.name()
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for ReadLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReadLock")
+            .field("name", &self.lock.name())
+            .finish()
+    }
+}
+
+impl fmt::Debug for WriteLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WriteLock")
+            .field("name", &self.lock.name())
+            .finish()
+    }
+}
