@@ -14,10 +14,15 @@
 //!    10 s); once the waiter's subscription shows on the server, the time
 //!    from just before the release to the waiter holding. The three kinds
 //!    take turns, sample by sample.
+//! 3. Readers: 1, 4 and 16 threads (one `Client`, a pool as large) take
+//!    and release the read lock of one name (`lock_with_lease`) as fast as
+//!    they can, beside as many threads taking plain locks of their own
+//!    names (no contention: the ceiling), in alternating 1 s phases
+//!    (3 each); acquisitions per second, medians.
 
 mod support;
 
-use std::sync::mpsc;
+use std::sync::{mpsc, Barrier};
 use std::time::{Duration, Instant};
 
 use support::{median, Mode, RedisServer};
@@ -105,6 +110,65 @@ fn handoff(
     at.duration_since(released)
 }
 
+/// Acquire + release pairs per second of `threads` threads for `phase`,
+/// each running `pair(thread)`.
+fn throughput(threads: usize, phase: Duration, pair: &(dyn Fn(usize) + Sync)) -> f64 {
+    let start = Barrier::new(threads + 1);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let count = std::sync::atomic::AtomicU64::new(0);
+    let elapsed = std::thread::scope(|s| {
+        for t in 0..threads {
+            let (start, done, count) = (&start, &done, &count);
+            s.spawn(move || {
+                start.wait();
+                let mut n = 0;
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    pair(t);
+                    n += 1;
+                }
+                count.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+            });
+        }
+        start.wait();
+        let t0 = Instant::now();
+        std::thread::sleep(phase);
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        t0.elapsed()
+    });
+    count.load(std::sync::atomic::Ordering::Relaxed) as f64 / elapsed.as_secs_f64()
+}
+
+fn readers(mode: Mode, server: &RedisServer) {
+    let (phases, phase) = match mode {
+        Mode::Bench => (3, Duration::from_secs(1)),
+        _ => (1, Duration::from_millis(100)),
+    };
+    let mut line = String::from(
+        "SUMMARY: readers (acquire + release/s, one name) vs plain locks (one name per thread):",
+    );
+    for threads in [1usize, 4, 16] {
+        let c = redlease::Client::builder(server.url())
+            .pool_size(threads as u32 + 2)
+            .build()
+            .expect("client");
+        let rw = c.read_write_lock("bench:readers");
+        let read = |_: usize| drop(rw.read_lock().lock_with_lease(LEASE).expect("read"));
+        let names: Vec<String> = (0..threads).map(|t| format!("bench:plain:{t}")).collect();
+        let plain = |t: usize| drop(c.lock(&names[t]).lock_with_lease(LEASE).expect("lock"));
+        let (mut r, mut p) = (Vec::new(), Vec::new());
+        for _ in 0..phases {
+            r.push(throughput(threads, phase, &read));
+            p.push(throughput(threads, phase, &plain));
+        }
+        let (r, p) = (median(&r), median(&p));
+        line.push_str(&format!(
+            " {threads} readers {r:.0}/s vs {p:.0}/s ({:.2});",
+            r / p
+        ));
+    }
+    println!("{line}");
+}
+
 fn main() {
     support::pin_self();
     let mode = support::mode();
@@ -171,4 +235,6 @@ fn main() {
     }
     line.push_str(&format!(" ({n} hand-offs each)"));
     println!("{line}");
+
+    readers(mode, &server);
 }
