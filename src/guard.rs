@@ -360,12 +360,13 @@ pub(crate) enum Lost {
     /// at most once).
     Release { left: u32, lease_ms: u64 },
     /// Semaphore permits recorded under `field` of the semaphore's records
-    /// (`channel` is its channel, `key` the acquisition's cancel marker):
-    /// return them; `undo` (an acquisition whose reply was lost) first sets
-    /// the marker, so that a late copy of the acquisition does nothing.
+    /// (`channel` is its channel; `key` the release's latch, or for `undo`
+    /// the acquisition's cancel marker): return them; `undo` (an
+    /// acquisition whose reply was lost) first sets the marker, so that a
+    /// late copy of the acquisition does nothing.
     Permits { records: String, undo: bool },
-    /// Permit `id` of a permit-expirable semaphore (`key` is the
-    /// acquisition's cancel marker): return it, as for `Permits`.
+    /// Permit `id` of a permit-expirable semaphore (`key` as for
+    /// `Permits`): return it, as for `Permits`.
     Permit {
         out: String,
         id: [u8; 16],

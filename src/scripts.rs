@@ -415,21 +415,24 @@ pub(crate) fn semaphore_acquire(
     })
 }
 
-/// semaphore_release.lua: returns the permits recorded under `field` (1), or
-/// finds none (0); `undo` sets the acquisition's cancel marker first.
+/// semaphore_release.lua: returns the permits recorded under `field` (1,
+/// also when `latch` says an earlier copy did), or finds none (0); `undo`
+/// sets the acquisition's cancel marker first. The latch lives `latch_ms`.
 pub(crate) fn semaphore_release(
     conn: &mut crate::transport::Connection,
     sem: SemaphoreRef<'_>,
     field: &str,
+    latch: &str,
     undo: Option<&str>,
+    latch_ms: u64,
     publish: &str,
 ) -> RedisResult<i64> {
-    SEMAPHORE_RELEASE.run(conn, 3 + usize::from(undo.is_some()), |cmd| {
-        cmd.arg(sem.name).arg(sem.channel).arg(sem.book);
+    SEMAPHORE_RELEASE.run(conn, 4 + usize::from(undo.is_some()), |cmd| {
+        cmd.arg(sem.name).arg(sem.channel).arg(sem.book).arg(latch);
         if let Some(marker) = undo {
             cmd.arg(marker);
         }
-        cmd.arg(field).arg(publish);
+        cmd.arg(field).arg(publish).arg(latch_ms);
         if undo.is_some() {
             cmd.arg(LATE_REQUEST_WINDOW_MS);
         }
@@ -489,20 +492,23 @@ pub(crate) fn permit_acquire(
 }
 
 /// permit_release.lua: 1 released, 2 released after its lease ran out, 0 not
-/// out; `undo` sets the acquisition's cancel marker first.
+/// out (a copy finds the first copy's answer in `latch`); `undo` sets the
+/// acquisition's cancel marker first. The latch lives `latch_ms`.
 pub(crate) fn permit_release(
     conn: &mut crate::transport::Connection,
     sem: SemaphoreRef<'_>,
     id: &[u8],
+    latch: &str,
     undo: Option<&str>,
+    latch_ms: u64,
     publish: &str,
 ) -> RedisResult<i64> {
-    PERMIT_RELEASE.run(conn, 3 + usize::from(undo.is_some()), |cmd| {
-        cmd.arg(sem.name).arg(sem.book).arg(sem.channel);
+    PERMIT_RELEASE.run(conn, 4 + usize::from(undo.is_some()), |cmd| {
+        cmd.arg(sem.name).arg(sem.book).arg(sem.channel).arg(latch);
         if let Some(marker) = undo {
             cmd.arg(marker);
         }
-        cmd.arg(id).arg(publish);
+        cmd.arg(id).arg(publish).arg(latch_ms);
         if undo.is_some() {
             cmd.arg(LATE_REQUEST_WINDOW_MS);
         }
@@ -543,6 +549,21 @@ pub(crate) fn semaphore_records_name(name: &str) -> String {
 /// The cancel marker of one semaphore acquire request (redlease's own).
 pub(crate) fn semaphore_cancel_name(name: &str, client: &str, n: u64) -> String {
     request_key("redlease_semaphore_cancel", name, client, n)
+}
+
+/// The latch of the release of the permits recorded under `field` of
+/// semaphore `name` (redlease's own).
+pub(crate) fn semaphore_latch_name(name: &str, field: &str) -> String {
+    let mut s = prefix_name("redlease_semaphore_released", name, field.len() + 1);
+    s.push(':');
+    s.push_str(field);
+    s
+}
+
+/// The latch of release request `n` of permit `id` (hex) of
+/// permit-expirable semaphore `name` (redlease's own).
+pub(crate) fn permit_latch_name(name: &str, id: &str, n: u64) -> String {
+    request_key("redlease_permit_released", name, id, n)
 }
 
 /// The set of permits out of permit-expirable semaphore `name` (Redisson's

@@ -98,9 +98,11 @@ impl Names {
     fn permits(&self, op: PermitsOp) -> Result<i64> {
         self.check()?;
         let publish = self.router().publish_command();
-        self.router().run(&self.name, |conn| {
-            scripts::permits(conn, self.sem(), op, publish)
-        })
+        // Not idempotent (as Redisson's, which sends them without retry).
+        self.router().run(
+            &self.name,
+            once(|conn| scripts::permits(conn, self.sem(), op, publish)),
+        )
     }
 
     fn try_set_permits(&self, permits: u64) -> Result<bool> {
@@ -129,10 +131,10 @@ impl Names {
         Ok(n > 0)
     }
 
-    /// One acquire script call, with replica sync: acquired (`acquired`
-    /// makes the guard), busy (`hint` reads the script's answer), or an
-    /// error after which the acquisition, if it may have run, is undone in
-    /// the background (`undo`: what settles it).
+    /// One acquire script call: acquired (`acquired` makes the guard), busy
+    /// (`hint` reads the script's answer), or an error after which the
+    /// acquisition, if it may have run (or ran but too few replicas
+    /// confirmed it), is undone in the background (`undo`: what settles it).
     fn attempt<R>(
         &self,
         run: impl FnMut(&mut crate::transport::Connection) -> redis::RedisResult<i64>,
@@ -141,43 +143,66 @@ impl Names {
         hint: impl FnOnce(i64) -> Option<Duration>,
     ) -> Result<Attempt<R>> {
         let shared = self.shared();
-        let mut run = run;
+        let code = match self.router().run_synced(&self.name, run) {
+            Ok((-1, Synced::No { wanted, acked })) => {
+                // Taken, but too few replicas confirmed it: a failover could
+                // hand the permits out again. Undo it.
+                shared.watchdog.settle_later(Arc::new(undo()));
+                return Err(Error::ReplicaSync {
+                    name: self.name.clone(),
+                    wanted,
+                    acked,
+                });
+            }
+            Ok((code, _)) => code,
+            Err(e) => {
+                if e.maybe_applied() {
+                    // It may have run, or run later: undo it in the
+                    // background; its marker stops a late copy.
+                    shared.watchdog.settle_later(Arc::new(undo()));
+                }
+                return Err(e);
+            }
+        };
+        Ok(match code {
+            -1 => Attempt::Acquired(acquired()),
+            // Cancelled: the request id is new per call, so only a request
+            // undone already could see its marker. Not taken.
+            -3 => Attempt::Busy(Some(Duration::ZERO)),
+            code => Attempt::Busy(hint(code)),
+        })
+    }
+
+    /// `try_once` (a new request each time), tried again (up to the
+    /// client's `retry_attempts`) while too few replicas confirm it.
+    fn synced<R>(&self, mut try_once: impl FnMut() -> Result<Attempt<R>>) -> Result<Attempt<R>> {
         let mut tries = 0;
         loop {
-            let reply = self.router().run_synced(&self.name, &mut run);
-            let code = match reply {
-                Ok((-1, Synced::No { wanted, acked })) => {
-                    // Taken, but too few replicas confirmed it: a failover
-                    // could hand the permits out again. Undo, then retry.
-                    shared.watchdog.settle_later(Arc::new(undo()));
-                    if tries < self.router().retry_attempts() {
-                        tries += 1;
-                        continue;
-                    }
-                    return Err(Error::ReplicaSync {
-                        name: self.name.clone(),
-                        wanted,
-                        acked,
-                    });
+            match try_once() {
+                Err(e) if e.is_replica_sync() && tries < self.router().retry_attempts() => {
+                    tries += 1;
                 }
-                Ok((code, _)) => code,
-                Err(e) => {
-                    if e.maybe_applied() {
-                        // It may have run, or run later: undo it in the
-                        // background; its marker stops a late copy.
-                        shared.watchdog.settle_later(Arc::new(undo()));
-                    }
-                    return Err(e);
-                }
-            };
-            return Ok(match code {
-                -1 => Attempt::Acquired(acquired()),
-                // Cancelled: the request id is new per call, so only a
-                // request undone already could see its marker. Not taken.
-                -3 => Attempt::Busy(Some(Duration::ZERO)),
-                code => Attempt::Busy(hint(code)),
-            });
+                other => return other,
+            }
         }
+    }
+}
+
+/// `op`, sent at most once: a request that may have run is not sent again
+/// on a new connection after the old one dropped (the caller is told of
+/// the first failure). For the scripts that are not idempotent.
+fn once<T>(
+    mut op: impl FnMut(&mut crate::transport::Connection) -> redis::RedisResult<T>,
+) -> impl FnMut(&mut crate::transport::Connection) -> redis::RedisResult<T> {
+    let mut sent = false;
+    move |conn| {
+        if std::mem::replace(&mut sent, true) {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "not sent again: the first copy may have run",
+            )));
+        }
+        op(conn)
     }
 }
 
@@ -389,7 +414,7 @@ impl Semaphore {
         let names = &self.names;
         names
             .waiters()
-            .acquire(wait.deadline(), || self.attempt(permits))
+            .acquire(wait.deadline(), || names.synced(|| self.attempt(permits)))
     }
 
     fn attempt(&self, permits: u32) -> Result<Attempt<SemaphorePermits>> {
@@ -528,9 +553,18 @@ impl SemaphorePermits {
     fn return_permits(&self) -> Result<()> {
         let names = &self.sem.names;
         let publish = names.router().publish_command();
+        let latch = scripts::semaphore_latch_name(&names.name, &self.field);
         let sent = Instant::now();
         let reply = names.router().run(&names.name, |conn| {
-            scripts::semaphore_release(conn, names.sem(), &self.field, None, publish)
+            scripts::semaphore_release(
+                conn,
+                names.sem(),
+                &self.field,
+                &latch,
+                None,
+                names.shared().latch_ttl_ms,
+                publish,
+            )
         });
         match reply {
             Ok(1) => Ok(()),
@@ -544,7 +578,7 @@ impl SemaphorePermits {
                         .watchdog
                         .settle_later(Arc::new(Unsettled::new(
                             names.lock_ref(&self.field),
-                            String::new(),
+                            latch,
                             Lost::Permits {
                                 records: names.book.clone(),
                                 undo: false,
@@ -680,8 +714,18 @@ impl ExpirableSemaphore {
         self.names.check()?;
         let names = &self.names;
         let publish = names.router().publish_command();
+        let latch =
+            scripts::permit_latch_name(&names.name, &hex(&raw), names.shared().next_request());
         let n = names.router().run(&names.name, |conn| {
-            scripts::permit_release(conn, names.sem(), &raw, None, publish)
+            scripts::permit_release(
+                conn,
+                names.sem(),
+                &raw,
+                &latch,
+                None,
+                names.shared().latch_ttl_ms,
+                publish,
+            )
         })?;
         Ok(n != 0)
     }
@@ -742,9 +786,10 @@ impl ExpirableSemaphore {
     fn acquire_until(&self, wait: Wait, lease: Duration) -> Result<Option<Permit>> {
         check_permit_lease(lease)?;
         self.names.check()?;
-        self.names
+        let names = &self.names;
+        names
             .waiters()
-            .acquire(wait.deadline(), || self.attempt(lease))
+            .acquire(wait.deadline(), || names.synced(|| self.attempt(lease)))
     }
 
     fn attempt(&self, lease: Duration) -> Result<Attempt<Permit>> {
@@ -777,8 +822,16 @@ impl ExpirableSemaphore {
                 valid_until: Mutex::new(deadline(sent, lease_ms)),
                 done: false,
             },
-            // The ms until the first permit out expires (-2: none will).
-            |ms| (ms >= 0).then(|| Duration::from_millis(ms.unsigned_abs())),
+            // The ms until the first permit out expires (-2: none will),
+            // and a re-check at least every PERMIT_RECHECK all the same.
+            |ms| {
+                let expiry = Duration::from_millis(ms.unsigned_abs());
+                Some(if ms >= 0 {
+                    expiry.min(PERMIT_RECHECK)
+                } else {
+                    PERMIT_RECHECK
+                })
+            },
         )
     }
 }
@@ -802,7 +855,7 @@ fn check_permit_lease(lease: Duration) -> Result<()> {
     Ok(())
 }
 
-fn hex(raw: &[u8; 16]) -> String {
+pub(crate) fn hex(raw: &[u8; 16]) -> String {
     use std::fmt::Write;
     let mut s = String::with_capacity(32);
     for b in raw {
@@ -817,7 +870,7 @@ fn parse_id(id: &str) -> Result<[u8; 16]> {
             "permit id {id:?} is not 32 hex digits: pass the id Permit::id gave"
         ))
     };
-    if id.len() != 32 || !id.is_ascii() {
+    if id.len() != 32 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(bad());
     }
     let mut raw = [0u8; 16];
@@ -919,9 +972,19 @@ impl Permit {
     fn return_permit(&self) -> Result<()> {
         let names = &self.sem.names;
         let publish = names.router().publish_command();
+        let latch =
+            scripts::permit_latch_name(&names.name, &self.id, names.shared().next_request());
         let sent = Instant::now();
         let reply = names.router().run(&names.name, |conn| {
-            scripts::permit_release(conn, names.sem(), &self.raw, None, publish)
+            scripts::permit_release(
+                conn,
+                names.sem(),
+                &self.raw,
+                &latch,
+                None,
+                names.shared().latch_ttl_ms,
+                publish,
+            )
         });
         match reply {
             Ok(1) => Ok(()),
@@ -935,7 +998,7 @@ impl Permit {
                         .watchdog
                         .settle_later(Arc::new(Unsettled::new(
                             names.lock_ref(""),
-                            String::new(),
+                            latch,
                             Lost::Permit {
                                 out: names.book.clone(),
                                 id: self.raw,

@@ -368,7 +368,10 @@ impl Inner {
                 continue;
             }
             let window = Duration::from_millis(scripts::LATE_REQUEST_WINDOW_MS);
-            if u.sent.elapsed() >= window {
+            // Semaphore permits have no lease (or a long one): they are
+            // returned however long it takes.
+            let permits = matches!(u.kind, Lost::Permits { .. } | Lost::Permit { .. });
+            if u.sent.elapsed() >= window && !permits {
                 // No copy of it can arrive any more, and its lease is long gone.
                 log::warn!(
                     "redlease: gave up settling a request on {:?} after {window:?}",
@@ -412,6 +415,7 @@ impl Inner {
                 }
                 .run(conn)
                 .map(|r| r.unwrap_or(0)),
+                // Its latch lives the window: a copy may still arrive.
                 Lost::Permits { ref records, undo } => scripts::semaphore_release(
                     conn,
                     scripts::SemaphoreRef {
@@ -420,7 +424,9 @@ impl Inner {
                         book: records,
                     },
                     &u.field,
+                    &permits_latch(&u.key, undo),
                     undo.then_some(u.key.as_str()),
+                    scripts::LATE_REQUEST_WINDOW_MS,
                     publish,
                 ),
                 Lost::Permit { ref out, id, undo } => scripts::permit_release(
@@ -431,7 +437,9 @@ impl Inner {
                         book: out,
                     },
                     &id,
+                    &permits_latch(&u.key, undo),
                     undo.then_some(u.key.as_str()),
+                    scripts::LATE_REQUEST_WINDOW_MS,
                     publish,
                 )
                 .map(|r| i64::from(r != 0)),
@@ -574,6 +582,17 @@ impl Inner {
             }
         }
         hold.tell_lost();
+    }
+}
+
+/// The latch of a semaphore request settled in the background: a release's
+/// own (its key), or one of the undo's own, next to the acquisition's cancel
+/// marker (its key).
+fn permits_latch(key: &str, undo: bool) -> String {
+    if undo {
+        format!("{key}:undo")
+    } else {
+        key.to_owned()
     }
 }
 

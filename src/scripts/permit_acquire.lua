@@ -6,7 +6,8 @@
 -- KEYS[1] the semaphore   KEYS[2] its permits out   KEYS[3] its channel
 -- KEYS[4] this request's cancel marker (set by the undo of a lost reply)
 -- ARGV[1] the lease in ms ARGV[2] the permit's id   ARGV[3] the publish command
--- Returns -1 when acquired, -3 when the request was cancelled already, -2
+-- Returns -1 when acquired (also for a copy of a request that was: its
+-- permit is out), -3 when the request was cancelled already, -2
 -- when none is available and none out will expire, else the ms until the
 -- first permit out expires.
 local function now_ms()
@@ -15,6 +16,9 @@ local function now_ms()
 end
 if redis.call('exists', KEYS[4]) == 1 then
     return -3
+end
+if redis.call('zscore', KEYS[2], ARGV[2]) then
+    return -1
 end
 local now = now_ms()
 local expired = redis.call('zrangebyscore', KEYS[2], 0, now, 'limit', 0, 1000)

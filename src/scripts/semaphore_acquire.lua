@@ -6,10 +6,14 @@
 --         field <client-uuid>:<request id> = permits held)
 -- KEYS[3] this request's cancel marker (set by the undo of a lost reply)
 -- ARGV[1] permits wanted  ARGV[2] this request's record field
--- Returns -1 when acquired, -3 when the request was cancelled already, else
--- the permits available (not enough; may be 0 or below).
+-- Returns -1 when acquired (also for a copy of a request that was: its
+-- record is there), -3 when the request was cancelled already, 0 when too
+-- few permits are available.
 if redis.call('exists', KEYS[3]) == 1 then
     return -3
+end
+if redis.call('hexists', KEYS[2], ARGV[2]) == 1 then
+    return -1
 end
 local available = tonumber(redis.call('get', KEYS[1]) or 0)
 local wanted = tonumber(ARGV[1])
@@ -18,4 +22,4 @@ if available >= wanted then
     redis.call('hset', KEYS[2], ARGV[2], wanted)
     return -1
 end
-return available
+return 0

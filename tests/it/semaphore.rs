@@ -552,3 +552,360 @@ fn redisson_expirable_semaphore_shares_the_layout() {
     assert_eq!(released, 1);
     assert!(rx.recv_timeout(WAIT).expect("woken by Redisson's release"));
 }
+
+// Found by an adversarial review; each failed before its fix.
+
+/// A count below zero is not an answer code: at -1 (add_permits below zero)
+/// nothing is handed out (the acquire script used to return the count, read
+/// as -1 "acquired").
+#[test]
+fn negative_count_is_not_read_as_acquired() {
+    let srv = RedisServer::start();
+    let c = client(&srv.url());
+    let sem = c.semaphore("neg");
+    assert!(sem.try_set_permits(1).expect("set"));
+    sem.add_permits(-2).expect("take two away");
+    assert_eq!(sem.available_permits().expect("available"), -1);
+    let got = sem.try_acquire(1).expect("try");
+    assert!(
+        got.is_none(),
+        "a permit handed out while the count is -1: {got:?}"
+    );
+}
+
+/// At -3 a waiter waits for a message or PERMIT_RECHECK (the count used to
+/// be read as "cancelled", and the waiter retried every millisecond).
+#[test]
+fn count_of_minus_three_does_not_spin() {
+    let srv = RedisServer::start();
+    let c = client(&srv.url());
+    let sem = c.semaphore("neg3");
+    assert!(sem.try_set_permits(0).expect("set"));
+    sem.add_permits(-3).expect("take three away");
+    let calls = |srv: &RedisServer| -> u64 {
+        let s = srv.info_field("commandstats", "cmdstat_evalsha");
+        s.split(',')
+            .find_map(|kv| kv.strip_prefix("calls="))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let before = calls(&srv);
+    let got = sem
+        .try_acquire_for(1, Duration::from_secs(2))
+        .expect("wait");
+    assert!(got.is_none());
+    let n = calls(&srv) - before;
+    assert!(n < 20, "{n} acquire scripts in 2 s (PERMIT_RECHECK is 1 s)");
+}
+
+/// An acquisition that too few replicas confirmed is undone in the
+/// background, and each retry is a new request (it used to reuse the record
+/// field and marker: a retry landing before the undo took permits again and
+/// one acquisition's worth stayed out for good).
+#[test]
+fn unconfirmed_semaphore_acquisition_leaves_no_permits_out() {
+    let (master, replica) = crate::replica_sync::master_and_replica();
+    let proxy = Proxy::start(master.addr());
+    let c = Client::builder(proxy.url())
+        .sync_replicas(1, Duration::from_millis(200))
+        .retry_attempts(2)
+        .build()
+        .expect("client");
+    let sem = c.semaphore("sync:pool");
+    assert!(sem.try_set_permits(3).expect("set"));
+    wait_until("a first confirmed acquisition", WAIT, || {
+        sem.try_acquire(1)
+            .is_ok_and(|p| p.is_some_and(|p| p.release().is_ok()))
+    });
+    // Hold the background undos back a little (the watchdog thread's
+    // requests; the retries go on other connections).
+    let undo = sha(include_str!("../../src/scripts/semaphore_release.lua"));
+    proxy.add_rule(
+        undo.as_bytes(),
+        Fault::DelayRequest(Duration::from_secs(1)),
+        3,
+    );
+    replica.pause();
+    let r = sem.try_acquire(1);
+    eprintln!("unconfirmed: {r:?}");
+    assert!(r.is_err() || r.as_ref().is_ok_and(Option::is_none));
+    drop(r);
+    replica.resume();
+    thread::sleep(Duration::from_millis(300));
+    wait_until("the undos to settle", WAIT, || {
+        c.stats().unsettled_requests == 0
+    });
+    assert_eq!(
+        available(&master, "sync:pool"),
+        3,
+        "permits out after a failed acquire"
+    );
+}
+
+#[test]
+fn unconfirmed_expirable_acquisition_leaves_no_permit_out() {
+    let (master, replica) = crate::replica_sync::master_and_replica();
+    let proxy = Proxy::start(master.addr());
+    let c = Client::builder(proxy.url())
+        .sync_replicas(1, Duration::from_millis(200))
+        .retry_attempts(2)
+        .build()
+        .expect("client");
+    let sem = c.permit_expirable_semaphore("sync:slots");
+    assert!(sem.try_set_permits(3).expect("set"));
+    wait_until("a first confirmed acquisition", WAIT, || {
+        sem.try_acquire(Duration::from_secs(60))
+            .is_ok_and(|p| p.is_some_and(|p| p.release().is_ok()))
+    });
+    let undo = sha(include_str!("../../src/scripts/permit_release.lua"));
+    proxy.add_rule(
+        undo.as_bytes(),
+        Fault::DelayRequest(Duration::from_secs(1)),
+        3,
+    );
+    replica.pause();
+    let r = sem.try_acquire(Duration::from_secs(600));
+    eprintln!("unconfirmed: {r:?}");
+    assert!(r.is_err() || r.as_ref().is_ok_and(Option::is_none));
+    drop(r);
+    replica.resume();
+    thread::sleep(Duration::from_millis(300));
+    wait_until("the undos to settle", WAIT, || {
+        c.stats().unsettled_requests == 0
+    });
+    assert_eq!(
+        srv_zcard(&master, "{sync:slots}:timeout"),
+        0,
+        "a permit out after a failed acquire"
+    );
+    assert_eq!(
+        available(&master, "sync:slots"),
+        3,
+        "permits out after a failed acquire (and not in the set: they never expire)"
+    );
+}
+
+fn srv_zcard(srv: &RedisServer, key: &str) -> i64 {
+    srv.cmd(&["ZCARD", key]).parse().unwrap_or(-1)
+}
+
+/// A permit id with a sign is refused (u8::from_str_radix accepts '+').
+#[test]
+fn permit_id_with_a_sign_is_refused() {
+    let srv = RedisServer::start();
+    let c = client(&srv.url());
+    let sem = c.permit_expirable_semaphore("ids");
+    let id = format!("+a{}", "0".repeat(30));
+    let r = sem.release(&id);
+    assert!(
+        r.as_ref().is_err_and(|e| e.is_invalid_argument()),
+        "{id:?} is not 32 hex digits: {r:?}"
+    );
+}
+
+/// The same as unconfirmed_semaphore_acquisition_leaves_no_permits_out
+/// without any proxy rule: the natural race.
+#[test]
+fn unconfirmed_semaphore_acquisition_no_fault_injection() {
+    let (master, replica) = crate::replica_sync::master_and_replica();
+    let c = Client::builder(master.url())
+        .sync_replicas(1, Duration::from_millis(200))
+        .retry_attempts(2)
+        .build()
+        .expect("client");
+    let sem = c.semaphore("sync:pool");
+    assert!(sem.try_set_permits(3).expect("set"));
+    wait_until("a first confirmed acquisition", WAIT, || {
+        sem.try_acquire(1)
+            .is_ok_and(|p| p.is_some_and(|p| p.release().is_ok()))
+    });
+    replica.pause();
+    let r = sem.try_acquire(1);
+    eprintln!("unconfirmed: {r:?}");
+    drop(r);
+    replica.resume();
+    thread::sleep(Duration::from_millis(300));
+    wait_until("the undos to settle", WAIT, || {
+        c.stats().unsettled_requests == 0
+    });
+    assert_eq!(
+        available(&master, "sync:pool"),
+        3,
+        "permits out after a failed acquire"
+    );
+}
+
+/// The connection layer resends a request whose connection dropped after it
+/// was sent; the acquire script finds its own record and does not take the
+/// permits twice.
+#[test]
+fn cut_acquire_retried_takes_permits_once() {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let c = Client::builder(proxy.url())
+        .retry_attempts(3)
+        .build()
+        .expect("client");
+    let sem = c.semaphore("cut");
+    assert!(sem.try_set_permits(3).expect("set"));
+    // Scripts loaded first: the cut must hit an EVALSHA that runs.
+    sem.acquire(1).expect("warm").release().expect("warm");
+    let rule = proxy.add_rule(b"redlease_semaphore_cancel", Fault::CutAfterRequest, 1);
+    let p = sem
+        .acquire(1)
+        .expect("acquire (retried on a new connection)");
+    eprintln!("hits {} stats {:?}", proxy.hits(rule), c.stats());
+    eprintln!("available while 1 is held: {}", available(&srv, "cut"));
+    p.release().expect("release");
+    thread::sleep(Duration::from_millis(200));
+    assert_eq!(c.stats().unsettled_requests, 0);
+    assert_eq!(available(&srv, "cut"), 3, "a permit is out for good");
+}
+
+#[test]
+fn cut_expirable_acquire_retried_takes_one_permit() {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let c = Client::builder(proxy.url())
+        .retry_attempts(3)
+        .build()
+        .expect("client");
+    let sem = c.permit_expirable_semaphore("cutx");
+    assert!(sem.try_set_permits(3).expect("set"));
+    sem.acquire(Duration::from_secs(60))
+        .expect("warm")
+        .release()
+        .expect("warm");
+    proxy.add_rule(b"redlease_permit_cancel", Fault::CutAfterRequest, 1);
+    let p = sem
+        .acquire(Duration::from_secs(600))
+        .expect("acquire (retried on a new connection)");
+    eprintln!("available while 1 is held: {}", available(&srv, "cutx"));
+    p.release().expect("release");
+    thread::sleep(Duration::from_millis(200));
+    assert_eq!(available(&srv, "cutx"), 3, "a permit is out for good");
+}
+
+/// Semaphore::release(n) and add_permits are not idempotent: never resent
+/// after a dropped connection (they used to be applied twice; Redisson
+/// sends them without retry too).
+#[test]
+fn cut_release_n_is_not_applied_twice() {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let c = Client::builder(proxy.url())
+        .retry_attempts(3)
+        .build()
+        .expect("client");
+    let sem = c.semaphore("add");
+    assert!(sem.try_set_permits(1).expect("set"));
+    sem.add_permits(0).expect("warm the script");
+    let add = sha(include_str!("../../src/scripts/semaphore_add.lua"));
+    proxy.add_rule(add.as_bytes(), Fault::CutAfterRequest, 1);
+    let r = sem.release(1);
+    eprintln!("release(1): {r:?}");
+    assert_eq!(
+        available(&srv, "add"),
+        2,
+        "release(1) added {}",
+        available(&srv, "add") - 1
+    );
+}
+
+/// drain_permits is not resent either (a resent drain found 0 and the
+/// caller was told 0, the drained permits out in nobody's name).
+#[test]
+fn cut_drain_reports_what_it_took() {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let c = Client::builder(proxy.url())
+        .retry_attempts(3)
+        .build()
+        .expect("client");
+    let sem = c.semaphore("drain");
+    assert!(sem.try_set_permits(0).expect("set"));
+    assert_eq!(sem.drain_permits().expect("warm"), 0);
+    sem.add_permits(5).expect("add");
+    let drain = sha(include_str!("../../src/scripts/semaphore_drain.lua"));
+    proxy.add_rule(drain.as_bytes(), Fault::CutAfterRequest, 1);
+    let r = sem.drain_permits();
+    eprintln!("drain: {r:?}, available {}", available(&srv, "drain"));
+    assert!(
+        r.is_err() || r.as_ref().is_ok_and(|n| *n == 5),
+        "drained 5, told {r:?}"
+    );
+}
+
+/// A guard's release resent after a cut finds its latch (the first copy
+/// ran) and reports success, not PermitLost.
+#[test]
+fn cut_guard_release_is_not_reported_lost() {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let c = Client::builder(proxy.url())
+        .retry_attempts(3)
+        .build()
+        .expect("client");
+    let sem = c.semaphore("rel");
+    assert!(sem.try_set_permits(1).expect("set"));
+    sem.acquire(1).expect("warm").release().expect("warm");
+    let p = sem.acquire(1).expect("acquire");
+    let rel = sha(include_str!("../../src/scripts/semaphore_release.lua"));
+    proxy.add_rule(rel.as_bytes(), Fault::CutAfterRequest, 1);
+    let r = p.release();
+    assert_eq!(available(&srv, "rel"), 1);
+    assert!(r.is_ok(), "released once, told {r:?}");
+}
+
+/// An expirable waiter re-checks within PERMIT_RECHECK even when the first
+/// permit out expires much later: a permit returned without a message is
+/// found (the expiry used to replace the re-check, up to the holder's
+/// lease).
+#[test]
+fn expirable_waiter_rechecks_within_permit_recheck() {
+    let srv = RedisServer::start();
+    let c = client(&srv.url());
+    let sem = c.permit_expirable_semaphore("quiet");
+    assert!(sem.try_set_permits(1).expect("set"));
+    let id = sem
+        .acquire(Duration::from_secs(3600))
+        .expect("acquire")
+        .forget();
+    let (tx, rx) = mpsc::channel();
+    let waiter = sem.clone();
+    thread::spawn(move || {
+        let t = Instant::now();
+        let p = waiter
+            .try_acquire_for(Duration::from_secs(8), Duration::from_secs(60))
+            .expect("wait");
+        tx.send((p.is_some(), t.elapsed())).expect("report");
+    });
+    wait_until("the waiter to subscribe", WAIT, || {
+        srv.subscribers("redisson_sc:{quiet}") == 1
+    });
+    thread::sleep(Duration::from_millis(200));
+    // The permit comes back with no message.
+    let raw: Vec<u8> = (0..16)
+        .map(|i| u8::from_str_radix(&id[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
+    let mut conn = srv.conn();
+    let removed: i64 = redis::cmd("ZREM")
+        .arg("{quiet}:timeout")
+        .arg(&raw[..])
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(removed, 1);
+    let _: i64 = redis::cmd("INCRBY")
+        .arg("quiet")
+        .arg(1)
+        .query(&mut conn)
+        .unwrap();
+    let returned = Instant::now();
+    let (got, _) = rx.recv_timeout(WAIT).expect("the waiter returns");
+    let after = returned.elapsed();
+    assert!(got, "the waiter never saw the free permit");
+    assert!(
+        after < Duration::from_secs(3),
+        "took the free permit {after:?} after it came back (PERMIT_RECHECK is 1 s)"
+    );
+}
