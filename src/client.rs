@@ -198,6 +198,20 @@ impl Client {
         crate::CountDownLatch::new(self.clone(), name.into())
     }
 
+    /// A handle on the fair lock named `name` (Redisson's `RFairLock`
+    /// layout): waiters get it in the order they came. Cheap and
+    /// infallible: the name is checked when it is used.
+    ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+    /// let guard = client.fair_lock("ledger").lock()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn fair_lock(&self, name: impl Into<String>) -> crate::FairLock {
+        crate::FairLock::new(self.clone(), name.into())
+    }
+
     /// A handle on the read-write lock named `name` (Redisson's
     /// `RReadWriteLock` layout): any number of readers, or one writer.
     /// Cheap and infallible: the name is checked when it is used.

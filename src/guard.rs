@@ -365,6 +365,8 @@ pub(crate) enum Lost {
     /// acquisition whose reply was lost) first sets the marker, so that a
     /// late copy of the acquisition does nothing.
     Permits { records: String, undo: bool },
+    /// A fair lock's waiter (`field`) that gave up: take it out of the line.
+    Leave,
     /// Permit `id` of a permit-expirable semaphore (`key` as for
     /// `Permits`): return it, as for `Permits`.
     Permit {

@@ -118,6 +118,7 @@ mod client;
 mod cluster;
 mod connection;
 mod error;
+mod fair;
 mod guard;
 mod latch;
 mod lock;
@@ -134,9 +135,10 @@ mod watchdog;
 
 pub use crate::client::{Client, ClientBuilder, ClientStats};
 pub use crate::error::{Error, Result};
+pub use crate::fair::FairLock;
 pub use crate::guard::LockGuard;
 pub use crate::latch::CountDownLatch;
-pub use crate::lock::{Lock, MAX_LEASE, MIN_RENEW_INTERVAL};
+pub use crate::lock::{Lock, FAIR_PLACE, MAX_LEASE, MIN_RENEW_INTERVAL};
 pub use crate::multi::{MultiGuard, MultiLock, RedLock};
 pub use crate::rwlock::{ReadLock, ReadWriteLock, WriteLock};
 pub use crate::semaphore::{

@@ -30,6 +30,14 @@ pub const MAX_LEASE: Duration = Duration::from_millis(1 << 53);
 /// this often even without a release message.
 const NO_TTL_RECHECK: Duration = Duration::from_secs(1);
 
+/// How long a fair lock's waiter keeps its place in line without renewing
+/// it: a waiter that crashed holds up the line at most this long.
+pub const FAIR_PLACE: Duration = Duration::from_secs(6);
+
+/// How often a fair lock's waiter tries again without a message, renewing
+/// its place in line.
+const FAIR_RECHECK: Duration = Duration::from_secs(2);
+
 /// A named, reentrant distributed lock.
 ///
 /// A `Lock` is a cheap handle: it owns no Redis state and can be created,
@@ -76,10 +84,13 @@ pub struct Lock {
 }
 
 /// What one acquisition asks for.
+#[derive(Clone, Copy)]
 pub(crate) struct Terms {
     pub(crate) lease_ms: u64,
     /// `Some(interval)` when the watchdog renews the lock.
     pub(crate) renew: Option<Duration>,
+    /// A fair lock's waiter: how long its place in line is kept (0: none).
+    pub(crate) place_ms: u64,
 }
 
 /// An acquire request made ready: what [`Lock::prepare`] decided before
@@ -92,6 +103,8 @@ pub(crate) struct Request {
     prefix: String,
     /// A reader's thread's writer field, else empty.
     writer: String,
+    /// A fair lock's waiter: how long its place in line is kept.
+    place_ms: u64,
     /// Holds the owner had when the request was made.
     held: u32,
     watched: bool,
@@ -411,6 +424,16 @@ impl Lock {
         let latch =
             scripts::force_unlock_latch_name(&self.name, self.client.id(), shared.next_request());
         let (deleted, _) = self.router().run_synced(&self.name, |conn| {
+            if self.kind == Kind::Fair {
+                return scripts::fair_force_unlock(
+                    conn,
+                    &self.name,
+                    &self.channel,
+                    &latch,
+                    shared.latch_ttl_ms,
+                    self.router().publish_command(),
+                );
+            }
             scripts::force_unlock(
                 conn,
                 &self.name,
@@ -472,6 +495,7 @@ impl Lock {
         Ok(Terms {
             lease_ms: duration_ms(lease),
             renew: Some(interval),
+            place_ms: 0,
         })
     }
 
@@ -481,6 +505,7 @@ impl Lock {
         Ok(Terms {
             lease_ms: duration_ms(lease),
             renew: None,
+            place_ms: 0,
         })
     }
 
@@ -488,8 +513,47 @@ impl Lock {
     /// for a release message or the holder's lease, whichever comes first,
     /// until the deadline (see [`Waiters::acquire`]).
     fn acquire(&self, wait: Wait, terms: &Terms) -> Result<Option<LockGuard>> {
+        if self.kind == Kind::Fair && !matches!(wait, Wait::No) && !self.held_here() {
+            return self.acquire_in_line(wait, terms);
+        }
         self.waiters()
             .acquire(wait.deadline(), || self.attempt_synced(terms))
+    }
+
+    /// A fair lock's wait: each try takes (or keeps) this thread's place in
+    /// line, and the thread waits on its own channel, which a release
+    /// tells only when it is first in line; it tries again at least every
+    /// [`FAIR_RECHECK`], which keeps its place. However the wait ends
+    /// without the lock (its deadline, an error, a panic), the place is
+    /// given up at once (in the background if Redis does not answer).
+    fn acquire_in_line(&self, wait: Wait, terms: &Terms) -> Result<Option<LockGuard>> {
+        let field = self.owner_field();
+        let channel = format!("{}:{field}", self.channel);
+        let terms = Terms {
+            place_ms: duration_ms(FAIR_PLACE),
+            ..*terms
+        };
+        let mut place = Place {
+            lock: self,
+            field,
+            taken: false,
+        };
+        let waiters = Waiters {
+            channel: &channel,
+            recheck: FAIR_RECHECK,
+            ..self.waiters()
+        };
+        let got = waiters.acquire(wait.deadline(), || {
+            Ok(match self.attempt_synced(&terms)? {
+                Attempt::Busy(hint) => {
+                    Attempt::Busy(Some(hint.map_or(FAIR_RECHECK, |h| h.min(FAIR_RECHECK))))
+                }
+                acquired => acquired,
+            })
+        });
+        // Taking the lock took this thread out of the line.
+        place.taken = matches!(got, Ok(Some(_)));
+        got
     }
 
     /// Where this lock's waiters listen: a release wakes one per process.
@@ -585,6 +649,7 @@ impl Lock {
             field,
             prefix,
             writer,
+            place_ms: terms.place_ms,
             held,
             watched,
             lease_ms,
@@ -623,6 +688,7 @@ impl Lock {
             gen: r.n,
             prefix: &r.prefix,
             writer: &r.writer,
+            place_ms: r.place_ms,
         }
     }
 
@@ -805,3 +871,119 @@ impl fmt::Debug for Lock {
             .finish()
     }
 }
+
+/// A fair lock waiter's place in line: given up on drop unless the lock was
+/// taken (which took it out of the line).
+struct Place<'a> {
+    lock: &'a Lock,
+    field: String,
+    taken: bool,
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        if self.taken {
+            return;
+        }
+        let lock = self.lock;
+        let lock_ref = LockRef {
+            name: &lock.name,
+            channel: &lock.channel,
+            field: &self.field,
+            kind: lock.kind,
+        };
+        let publish = lock.router().publish_command();
+        let sent = Instant::now();
+        if let Err(e) = lock.router().run(&lock.name, |conn| {
+            scripts::fair_leave(conn, lock_ref, publish)
+        }) {
+            log::debug!(
+                "redlease: leaving the line of {:?} failed ({e}); retried in the background",
+                lock.name
+            );
+            let leave = Unsettled::new(lock_ref, String::new(), Lost::Leave, None, sent);
+            lock.client.shared.watchdog.settle_later(Arc::new(leave));
+        }
+    }
+}
+
+/// The acquire methods of [`Lock`] on a handle wrapping one (`self.lock`):
+/// the read and write locks, the fair lock.
+macro_rules! acquire_methods {
+    ($kind:literal) => {
+        /// The lock's name.
+        #[must_use]
+        pub fn name(&self) -> &str {
+            self.lock.name()
+        }
+
+        /// Renews this lock's lease every `interval` (see
+        /// [`Lock::with_renew_interval`]).
+        #[must_use = "with_renew_interval returns the lock with the interval set"]
+        pub fn with_renew_interval(self, interval: Duration) -> Self {
+            Self {
+                lock: self.lock.with_renew_interval(interval),
+            }
+        }
+
+        #[doc = concat!("Takes the ", $kind, " lock if it is free for it, without waiting.")]
+        ///
+        /// # Errors
+        ///
+        /// As for [`Lock::lock`].
+        pub fn try_lock(&self) -> Result<Option<LockGuard>> {
+            self.lock.try_lock()
+        }
+
+        #[doc = concat!("Takes the ", $kind, " lock, waiting at most `wait`.")]
+        ///
+        /// # Errors
+        ///
+        /// As for [`Lock::lock`].
+        pub fn try_lock_for(&self, wait: Duration) -> Result<Option<LockGuard>> {
+            self.lock.try_lock_for(wait)
+        }
+
+        #[doc = concat!("Takes the ", $kind, " lock, waiting until `deadline` at the latest.")]
+        ///
+        /// # Errors
+        ///
+        /// As for [`Lock::lock`].
+        pub fn try_lock_until(&self, deadline: Instant) -> Result<Option<LockGuard>> {
+            self.lock.try_lock_until(deadline)
+        }
+
+        #[doc = concat!("Takes the ", $kind, " lock with a fixed `lease`, waiting at most `wait`.")]
+        ///
+        /// # Errors
+        ///
+        /// As for [`Lock::lock_with_lease`].
+        pub fn try_lock_with_lease(
+            &self,
+            wait: Duration,
+            lease: Duration,
+        ) -> Result<Option<LockGuard>> {
+            self.lock.try_lock_with_lease(wait, lease)
+        }
+
+        #[doc = concat!("How many times this thread holds the ", $kind, " lock, as Redis records it.")]
+        ///
+        /// # Errors
+        ///
+        /// Empty name, or a Redis or pool error.
+        pub fn hold_count(&self) -> Result<u32> {
+            self.lock.hold_count()
+        }
+
+        #[doc = concat!("`true` if this thread holds the ", $kind, " lock, as Redis records it.")]
+        ///
+        /// # Errors
+        ///
+        /// Empty name, or a Redis or pool error.
+        pub fn is_held_by_current_thread(&self) -> Result<bool> {
+            self.lock.is_held_by_current_thread()
+        }
+    };
+}
+
+pub(crate) use acquire_methods;

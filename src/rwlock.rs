@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
-use crate::lock::Lock;
+use crate::lock::{acquire_methods, Lock};
 use crate::scripts::Kind;
 
 /// A distributed read-write lock, shared with Redisson's `RReadWriteLock` on
@@ -125,84 +125,6 @@ impl fmt::Debug for ReadWriteLock {
             .field("name", &self.name())
             .finish()
     }
-}
-
-/// The acquire methods of [`Lock`], on the read or the write lock.
-macro_rules! acquire_methods {
-    ($kind:literal) => {
-        /// The lock's name.
-        #[must_use]
-        pub fn name(&self) -> &str {
-            self.lock.name()
-        }
-
-        /// Renews this lock's lease every `interval` (see
-        /// [`Lock::with_renew_interval`]).
-        #[must_use = "with_renew_interval returns the lock with the interval set"]
-        pub fn with_renew_interval(self, interval: Duration) -> Self {
-            Self {
-                lock: self.lock.with_renew_interval(interval),
-            }
-        }
-
-        #[doc = concat!("Takes the ", $kind, " lock if it is free for it, without waiting.")]
-        ///
-        /// # Errors
-        ///
-        /// As for [`Lock::lock`].
-        pub fn try_lock(&self) -> Result<Option<LockGuard>> {
-            self.lock.try_lock()
-        }
-
-        #[doc = concat!("Takes the ", $kind, " lock, waiting at most `wait`.")]
-        ///
-        /// # Errors
-        ///
-        /// As for [`Lock::lock`].
-        pub fn try_lock_for(&self, wait: Duration) -> Result<Option<LockGuard>> {
-            self.lock.try_lock_for(wait)
-        }
-
-        #[doc = concat!("Takes the ", $kind, " lock, waiting until `deadline` at the latest.")]
-        ///
-        /// # Errors
-        ///
-        /// As for [`Lock::lock`].
-        pub fn try_lock_until(&self, deadline: Instant) -> Result<Option<LockGuard>> {
-            self.lock.try_lock_until(deadline)
-        }
-
-        #[doc = concat!("Takes the ", $kind, " lock with a fixed `lease`, waiting at most `wait`.")]
-        ///
-        /// # Errors
-        ///
-        /// As for [`Lock::lock_with_lease`].
-        pub fn try_lock_with_lease(
-            &self,
-            wait: Duration,
-            lease: Duration,
-        ) -> Result<Option<LockGuard>> {
-            self.lock.try_lock_with_lease(wait, lease)
-        }
-
-        #[doc = concat!("How many times this thread holds the ", $kind, " lock, as Redis records it.")]
-        ///
-        /// # Errors
-        ///
-        /// Empty name, or a Redis or pool error.
-        pub fn hold_count(&self) -> Result<u32> {
-            self.lock.hold_count()
-        }
-
-        #[doc = concat!("`true` if this thread holds the ", $kind, " lock, as Redis records it.")]
-        ///
-        /// # Errors
-        ///
-        /// Empty name, or a Redis or pool error.
-        pub fn is_held_by_current_thread(&self) -> Result<bool> {
-            self.lock.is_held_by_current_thread()
-        }
-    };
 }
 
 /// The read lock of a [`ReadWriteLock`]: shared with other readers.

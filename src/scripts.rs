@@ -38,6 +38,28 @@ lua!(RELEASE, "scripts/release.lua");
 lua!(RW_ACQUIRE, "scripts/rw_acquire.lua");
 lua!(RW_RELEASE, "scripts/rw_lib.lua", "scripts/rw_release.lua");
 lua!(RW_CANCEL, "scripts/rw_lib.lua", "scripts/rw_cancel.lua");
+// The fair lock's scripts share the functions of fair_lib.lua.
+lua!(
+    FAIR_ACQUIRE,
+    "scripts/fair_lib.lua",
+    "scripts/fair_acquire.lua"
+);
+lua!(
+    FAIR_RELEASE,
+    "scripts/fair_lib.lua",
+    "scripts/fair_release.lua"
+);
+lua!(
+    FAIR_CANCEL,
+    "scripts/fair_lib.lua",
+    "scripts/fair_cancel.lua"
+);
+lua!(FAIR_LEAVE, "scripts/fair_lib.lua", "scripts/fair_leave.lua");
+lua!(
+    FAIR_FORCE_UNLOCK,
+    "scripts/fair_lib.lua",
+    "scripts/fair_force_unlock.lua"
+);
 lua!(CANCEL_ACQUIRE, "scripts/cancel_acquire.lua");
 lua!(FORCE_UNLOCK, "scripts/force_unlock.lua");
 lua!(LATCH_SET, "scripts/latch_set.lua");
@@ -114,6 +136,8 @@ pub(crate) enum Kind {
     Read,
     /// A write hold of Redisson's `RReadWriteLock`.
     Write,
+    /// Redisson's `RFairLock`: `RLock` plus a line of waiters.
+    Fair,
 }
 
 impl Kind {
@@ -155,10 +179,31 @@ pub(crate) struct Acquire<'a> {
     pub(crate) prefix: &'a str,
     /// A reader's thread's writer field (a writer may also read).
     pub(crate) writer: &'a str,
+    /// A fair lock's waiter: how long its place in line is kept (0: a
+    /// single try, no place).
+    pub(crate) place_ms: u64,
 }
 
 impl Acquire<'_> {
     fn fill(&self, cmd: &mut Cmd) {
+        if self.lock.kind == Kind::Fair {
+            cmd.arg(self.lock.name)
+                .arg(self.marker)
+                .arg(fair_line_name(self.lock.name))
+                .arg(fair_places_name(self.lock.name));
+            for key in &self.unsettled {
+                cmd.arg(*key);
+            }
+            cmd.arg(self.lease_ms)
+                .arg(self.lock.field)
+                .arg(self.count)
+                .arg(self.gen)
+                .arg(self.place_ms);
+            if !self.unsettled.is_empty() {
+                cmd.arg(LATE_REQUEST_WINDOW_MS);
+            }
+            return;
+        }
         if self.lock.kind.is_rw() {
             cmd.arg(self.lock.name).arg(self.marker);
             for key in &self.unsettled {
@@ -193,14 +238,19 @@ impl Acquire<'_> {
     }
 
     fn keys(&self) -> usize {
-        2 + usize::from(self.token.is_some()) + self.unsettled.len()
+        let extra = match self.lock.kind {
+            Kind::Fair => 2,
+            Kind::Fenced => 1,
+            _ => 0,
+        };
+        2 + extra + self.unsettled.len()
     }
 
     fn script(&self) -> &'static Lua {
-        if self.lock.kind.is_rw() {
-            &RW_ACQUIRE
-        } else {
-            &ACQUIRE
+        match self.lock.kind {
+            Kind::Read | Kind::Write => &RW_ACQUIRE,
+            Kind::Fair => &FAIR_ACQUIRE,
+            Kind::Plain | Kind::Fenced => &ACQUIRE,
         }
     }
 
@@ -313,6 +363,10 @@ impl Release<'_> {
         cmd.arg(self.lock.name)
             .arg(self.lock.channel)
             .arg(self.latch);
+        if self.lock.kind == Kind::Fair {
+            cmd.arg(fair_line_name(self.lock.name))
+                .arg(fair_places_name(self.lock.name));
+        }
         for key in &self.unsettled {
             cmd.arg(*key);
         }
@@ -331,14 +385,14 @@ impl Release<'_> {
     }
 
     fn keys(&self) -> usize {
-        3 + self.unsettled.len()
+        3 + 2 * usize::from(self.lock.kind == Kind::Fair) + self.unsettled.len()
     }
 
     fn script(&self) -> &'static Lua {
-        if self.lock.kind.is_rw() {
-            &RW_RELEASE
-        } else {
-            &RELEASE
+        match self.lock.kind {
+            Kind::Read | Kind::Write => &RW_RELEASE,
+            Kind::Fair => &FAIR_RELEASE,
+            Kind::Plain | Kind::Fenced => &RELEASE,
         }
     }
 
@@ -365,16 +419,18 @@ pub(crate) fn cancel_acquire(
     gen: u64,
     publish: &str,
 ) -> RedisResult<i64> {
-    let script = if lock.kind.is_rw() {
-        &RW_CANCEL
-    } else {
-        &CANCEL_ACQUIRE
+    let (script, keys) = match lock.kind {
+        Kind::Read | Kind::Write => (&RW_CANCEL, 3),
+        Kind::Fair => (&FAIR_CANCEL, 5),
+        Kind::Plain | Kind::Fenced => (&CANCEL_ACQUIRE, 3),
     };
-    script.run(conn, 3, |cmd| {
-        cmd.arg(lock.name)
-            .arg(lock.channel)
-            .arg(marker)
-            .arg(lock.field)
+    script.run(conn, keys, |cmd| {
+        cmd.arg(lock.name).arg(lock.channel).arg(marker);
+        if lock.kind == Kind::Fair {
+            cmd.arg(fair_line_name(lock.name))
+                .arg(fair_places_name(lock.name));
+        }
+        cmd.arg(lock.field)
             .arg(held)
             .arg(lease_ms)
             .arg(LATE_REQUEST_WINDOW_MS)
@@ -602,6 +658,44 @@ pub(crate) fn force_unlock(
     })
 }
 
+/// fair_force_unlock.lua: as [`force_unlock`], waking the first waiter in
+/// line.
+pub(crate) fn fair_force_unlock(
+    conn: &mut crate::transport::Connection,
+    name: &str,
+    channel: &str,
+    latch: &str,
+    latch_ms: u64,
+    publish: &str,
+) -> RedisResult<i64> {
+    FAIR_FORCE_UNLOCK.run(conn, 5, |cmd| {
+        cmd.arg(name)
+            .arg(channel)
+            .arg(latch)
+            .arg(fair_line_name(name))
+            .arg(fair_places_name(name))
+            .arg(latch_ms)
+            .arg(publish);
+    })
+}
+
+/// fair_leave.lua: the waiter `lock.field` leaves the line of fair lock
+/// `lock.name` (the first waiter left is woken if the lock is free).
+pub(crate) fn fair_leave(
+    conn: &mut crate::transport::Connection,
+    lock: LockRef<'_>,
+    publish: &str,
+) -> RedisResult<i64> {
+    FAIR_LEAVE.run(conn, 4, |cmd| {
+        cmd.arg(lock.name)
+            .arg(lock.channel)
+            .arg(fair_line_name(lock.name))
+            .arg(fair_places_name(lock.name))
+            .arg(lock.field)
+            .arg(publish);
+    })
+}
+
 /// An error reply that says a script did not run there and then (its cache
 /// was lost, its slot moved or is moving, the node is failing over, loading
 /// or busy): running it again, elsewhere or in a moment, may work.
@@ -671,6 +765,18 @@ fn rw_base(name: &str) -> String {
     } else {
         format!("{{{name}}}")
     }
+}
+
+/// The line of waiters of fair lock `name` (Redisson's
+/// `redisson_lock_queue:{<name>}`).
+pub(crate) fn fair_line_name(name: &str) -> String {
+    prefix_name("redisson_lock_queue", name, 0)
+}
+
+/// The places of the waiters of fair lock `name` (Redisson's
+/// `redisson_lock_timeout:{<name>}`).
+pub(crate) fn fair_places_name(name: &str) -> String {
+    prefix_name("redisson_lock_timeout", name, 0)
 }
 
 /// The channel of read-write lock `name` (Redisson's, for both locks).

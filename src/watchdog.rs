@@ -415,6 +415,7 @@ impl Inner {
                 }
                 .run(conn)
                 .map(|r| r.unwrap_or(0)),
+                Lost::Leave => scripts::fair_leave(conn, u.lock_ref(), publish).map(|_| 0),
                 // Its latch lives the window: a copy may still arrive.
                 Lost::Permits { ref records, undo } => scripts::semaphore_release(
                     conn,
@@ -464,6 +465,7 @@ impl Inner {
                         Lost::Release { .. } | Lost::Permits { .. } | Lost::Permit { .. } => {
                             "completed a release"
                         }
+                        Lost::Leave => "left the line",
                     };
                     if applied == 1 {
                         log::info!("redlease: {what} of {:?} whose reply was lost", u.name);
