@@ -9,11 +9,11 @@
 //!    order, medians of per-round ratios): PING round trips ÷ 2 (the floor
 //!    of two round trips per pair), `Lock::lock_with_lease` + drop,
 //!    `Semaphore::acquire(1)` + drop, `ExpirableSemaphore::acquire` + drop.
-//! 2. Hand-off: this thread holds the lock or the only permit while a
-//!    thread on another client waits (`try_lock_for` / `try_acquire_for`,
-//!    10 s); once the waiter's subscription shows on the server, the time
-//!    from just before the release to the waiter holding. The three kinds
-//!    take turns, sample by sample.
+//! 2. Hand-off: this thread holds the lock (plain, fair) or the only permit
+//!    while a thread on another client waits (`try_lock_with_lease` /
+//!    `try_acquire_for`, 10 s); once the waiter's subscription shows on the
+//!    server, the time from just before the release to the waiter holding.
+//!    The kinds take turns, sample by sample.
 //! 3. Readers: 1, 4 and 16 threads (one `Client`, a pool as large) take
 //!    and release the read lock of one name (`lock_with_lease`) as fast as
 //!    they can, beside as many threads taking plain locks of their own
@@ -98,7 +98,18 @@ fn handoff(
         tx.send((got.is_some(), at)).expect("report");
     });
     let deadline = Instant::now() + WAIT;
-    while server.subscribers(channel) == 0 {
+    // A channel name ending in ':' is a prefix (a fair lock waiter's own
+    // channel ends with its owner id).
+    let subscribed = || {
+        if channel.ends_with(':') {
+            !server
+                .cmd(&["PUBSUB", "CHANNELS", &format!("{channel}*")])
+                .is_empty()
+        } else {
+            server.subscribers(channel) > 0
+        }
+    };
+    while !subscribed() {
         assert!(Instant::now() < deadline, "the waiter did not subscribe");
         std::thread::sleep(Duration::from_micros(200));
     }
@@ -188,12 +199,22 @@ fn main() {
         .permit_expirable_semaphore("bench:handoff:pes")
         .try_set_permits(1)
         .expect("set");
-    let kinds: [(&str, &str, Take); 3] = [
+    let kinds: [(&str, &str, Take); 4] = [
         (
             "lock",
             "redisson_lock__channel:{bench:handoff:lock}",
             |c, w| {
                 c.lock("bench:handoff:lock")
+                    .try_lock_with_lease(w, LEASE)
+                    .expect("lock")
+                    .map(|g| Box::new(g) as Held)
+            },
+        ),
+        (
+            "fair lock",
+            "redisson_lock__channel:{bench:handoff:fair}:",
+            |c, w| {
+                c.fair_lock("bench:handoff:fair")
                     .try_lock_with_lease(w, LEASE)
                     .expect("lock")
                     .map(|g| Box::new(g) as Held)
