@@ -26,6 +26,10 @@ const ROUNDS: &str = "REDLEASE_MP_ROUNDS";
 /// What a holder worker prints once it holds the lock.
 const ACQUIRED: &str = "REDLEASE-WORKER-ACQUIRED";
 const LOCK: &str = "mp:lock";
+const FAIR: &str = "mp:fair";
+const SEMAPHORE: &str = "mp:semaphore";
+/// A fair-lock worker's number.
+const INDEX: &str = "REDLEASE_MP_INDEX";
 const COUNTER: &str = "mp:counter";
 const WAIT: Duration = Duration::from_secs(10);
 /// Lease of the killed holder (explicit, or its watchdog_timeout).
@@ -57,6 +61,8 @@ fn worker() {
         "redlock-count" => redlock_worker(&url),
         "fenced-tokens" => fenced_worker(&url),
         "redlock-hold" => redlock_hold_worker(&url),
+        "fair-in-line" => fair_worker(&url),
+        "semaphore-count" => semaphore_worker(&url),
         other => panic!("unknown worker role {other:?}"),
     }
 }
@@ -194,6 +200,52 @@ fn fenced_worker(url: &str) {
                     .query(conn)
                     .unwrap();
                 guard.unlock().expect("unlock() in a worker");
+            }
+        }
+    });
+}
+
+/// Waits in line for the fair lock FAIR (up to 30 s); once it holds it,
+/// appends its number (REDLEASE_MP_INDEX) to `mp:order`.
+fn fair_worker(url: &str) {
+    let index = env_usize(INDEX);
+    let client = Client::open(url).expect("worker client");
+    let guard = client
+        .fair_lock(FAIR)
+        .try_lock_for(Duration::from_secs(30))
+        .expect("fair lock in a worker")
+        .expect("its turn within 30 s");
+    let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let _: i64 = redis::cmd("RPUSH")
+        .arg("mp:order")
+        .arg(index)
+        .query(&mut conn)
+        .unwrap();
+    guard.unlock().expect("unlock in a worker");
+}
+
+/// Waits at the start gate, then each thread takes a permit of the
+/// semaphore SEMAPHORE ROUNDS times; inside, it counts itself in
+/// `mp:inside` and records the highest count seen in `mp:peak`.
+fn semaphore_worker(url: &str) {
+    const ENTER: &str = "local n = redis.call('incr', KEYS[1]); if n > tonumber(redis.call('get', KEYS[2]) or '0') then redis.call('set', KEYS[2], n) end; return n";
+    let rounds = env_usize(ROUNDS);
+    let client = Client::open(url).expect("worker client");
+    gated_threads(url, || {
+        let sem = client.semaphore(SEMAPHORE);
+        move |conn: &mut redis::Connection| {
+            for _ in 0..rounds {
+                let permit = sem.acquire(1).expect("acquire in a worker");
+                let _: i64 = redis::cmd("EVAL")
+                    .arg(ENTER)
+                    .arg(2)
+                    .arg("mp:inside")
+                    .arg("mp:peak")
+                    .query(conn)
+                    .unwrap();
+                thread::sleep(Duration::from_micros(300));
+                let _: i64 = redis::cmd("DECR").arg("mp:inside").query(conn).unwrap();
+                permit.release().expect("release in a worker");
             }
         }
     });
@@ -570,4 +622,81 @@ fn fenced_tokens_increase_across_processes() {
         tokens.windows(2).all(|w| w[0] < w[1]),
         "tokens in the order the lock was held strictly increase"
     );
+}
+
+/// The fair lock's line of waiters across processes.
+fn fair_line(srv: &RedisServer) -> usize {
+    srv.cmd(&["LLEN", "redisson_lock_queue:{mp:fair}"])
+        .parse()
+        .unwrap_or(0)
+}
+
+/// Worker processes that came one after another get the fair lock in that
+/// order; one SIGKILLed while in line holds up the others only until its
+/// place runs out.
+#[test]
+fn fair_lock_serves_processes_in_arrival_order_past_a_crashed_one() {
+    let srv = RedisServer::start();
+    let parent = Client::open(srv.url()).expect("client");
+    let guard = parent.fair_lock(FAIR).lock().expect("lock");
+    let mut workers = Vec::new();
+    for i in 0..4 {
+        workers.push(Worker::spawn(
+            "fair-in-line",
+            &srv.url(),
+            &[(INDEX, i.to_string())],
+        ));
+        wait_until(
+            &format!("worker {i} to be in line"),
+            Duration::from_secs(30),
+            || fair_line(&srv) == i + 1,
+        );
+    }
+    // The second in line crashes.
+    let crashed = workers.remove(1);
+    drop(crashed);
+    let released = Instant::now();
+    drop(guard);
+    for w in &mut workers {
+        w.wait_success(Duration::from_secs(40));
+    }
+    let took = released.elapsed();
+    let order: Vec<usize> = redis::cmd("LRANGE")
+        .arg("mp:order")
+        .arg(0)
+        .arg(-1)
+        .query(&mut srv.conn())
+        .unwrap();
+    assert_eq!(
+        order,
+        vec![0, 2, 3],
+        "arrival order, the crashed one skipped"
+    );
+    eprintln!("figure: 3 processes served in {took:?} past a crashed waiter");
+    assert!(
+        took < redlease::FAIR_PLACE + Duration::from_secs(6),
+        "the crashed waiter held up the line {took:?}"
+    );
+}
+
+/// A semaphore of 2 shared by 3 processes x 3 threads: never more than 2
+/// inside, and 2 at times.
+#[test]
+fn semaphore_limit_holds_across_processes() {
+    let srv = RedisServer::start();
+    let setup = Client::open(srv.url()).expect("client");
+    assert!(setup.semaphore(SEMAPHORE).try_set_permits(2).expect("set"));
+    run_workers(
+        "semaphore-count",
+        &srv.url(),
+        &srv,
+        (3, 3, 20),
+        Duration::from_secs(60),
+    );
+    assert_eq!(
+        srv.cmd(&["GET", "mp:peak"]),
+        "2",
+        "at most (and at times) 2 inside"
+    );
+    assert_eq!(srv.cmd(&["GET", SEMAPHORE]), "2", "every permit back");
 }
