@@ -723,3 +723,104 @@ fn a_silent_master_does_not_starve_the_others_of_connections() {
     assert!(ok > 30, "locks on B work while A is silent ({ok} of ~40)");
     g.ensure_held().expect("held on B");
 }
+
+/// The rest of the family on a cluster, one name per master: each kind's
+/// keys land in its name's slot (no CROSSSLOT), and its waiters are woken
+/// by sharded messages: a fair lock's waiter on its own channel, readers by
+/// a write release, a semaphore's and an expirable semaphore's waiters by
+/// a release.
+#[test]
+fn the_lock_family_works_on_every_master() {
+    let cluster = shared();
+    let names = cluster.names_on_each_master("family", 1);
+    let crossslot_before = cluster.errorstat("CROSSSLOT");
+    let c1 = client(cluster);
+    let c2 = client(cluster);
+    let woken = |f: Box<dyn FnOnce() -> bool + Send>,
+                 subscribed: &dyn Fn() -> bool,
+                 release: Box<dyn FnOnce()>| {
+        let (tx, rx) = mpsc::channel();
+        thread::spawn(move || tx.send((f(), Instant::now())).expect("report"));
+        wait_until("the waiter to subscribe", WAIT, subscribed);
+        let released = Instant::now();
+        release();
+        let (ok, at) = rx.recv_timeout(WAIT).expect("the waiter returns");
+        assert!(ok, "the waiter got it");
+        assert!(
+            at.duration_since(released) < HANDOFF_BOUND,
+            "woken by the message"
+        );
+    };
+    for group in &names {
+        let name = &group[0];
+        let master = cluster.master_of_slot(cluster.slot_of(name));
+        // Fair lock.
+        let g = c1.fair_lock(name.as_str()).lock().expect("fair lock");
+        let fair = c2.fair_lock(name.as_str());
+        let line = format!("redisson_lock_queue:{{{name}}}");
+        woken(
+            Box::new(move || fair.try_lock_for(WAIT).expect("fair wait").is_some()),
+            &|| master.cmd(&["LLEN", &line]) == "1",
+            Box::new(move || drop(g)),
+        );
+        // Read-write lock: a write release wakes a reader.
+        let rw = format!("{name}:rw");
+        let w = c1
+            .read_write_lock(rw.as_str())
+            .write_lock()
+            .lock()
+            .expect("write");
+        let reader = c2.read_write_lock(rw.as_str());
+        let chan = format!("redisson_rwlock:{{{rw}}}");
+        let rw_master = cluster.master_of_slot(cluster.slot_of(&rw));
+        woken(
+            Box::new(move || {
+                reader
+                    .read_lock()
+                    .try_lock_for(WAIT)
+                    .expect("read wait")
+                    .is_some()
+            }),
+            &|| shard_subscribers(rw_master, &chan) == 1,
+            Box::new(move || drop(w)),
+        );
+        // Semaphores.
+        let sem = format!("{name}:sem");
+        c1.semaphore(sem.as_str()).try_set_permits(1).expect("set");
+        let p = c1.semaphore(sem.as_str()).acquire(1).expect("acquire");
+        let waiter = c2.semaphore(sem.as_str());
+        let chan = format!("redisson_sc:{{{sem}}}");
+        let sem_master = cluster.master_of_slot(cluster.slot_of(&sem));
+        woken(
+            Box::new(move || waiter.try_acquire_for(1, WAIT).expect("wait").is_some()),
+            &|| shard_subscribers(sem_master, &chan) == 1,
+            Box::new(move || p.release().expect("release")),
+        );
+        let pes = format!("{name}:pes");
+        c1.permit_expirable_semaphore(pes.as_str())
+            .try_set_permits(1)
+            .expect("set");
+        let p = c1
+            .permit_expirable_semaphore(pes.as_str())
+            .acquire(Duration::from_secs(60))
+            .expect("acquire");
+        let waiter = c2.permit_expirable_semaphore(pes.as_str());
+        let chan = format!("redisson_sc:{{{pes}}}");
+        let pes_master = cluster.master_of_slot(cluster.slot_of(&pes));
+        woken(
+            Box::new(move || {
+                waiter
+                    .try_acquire_for(WAIT, Duration::from_secs(60))
+                    .expect("wait")
+                    .is_some()
+            }),
+            &|| shard_subscribers(pes_master, &chan) == 1,
+            Box::new(move || p.release().expect("release")),
+        );
+    }
+    assert_eq!(
+        cluster.errorstat("CROSSSLOT"),
+        crossslot_before,
+        "no script touched two slots"
+    );
+}
