@@ -46,7 +46,10 @@ use criterion::{Criterion, Throughput};
 use support::{Mode, RedisServer};
 
 const ACQUIRE_LUA: &str = include_str!("../src/scripts/acquire.lua");
-const RELEASE_LUA: &str = include_str!("../src/scripts/release.lua");
+const RELEASE_LUA: &str = concat!(
+    include_str!("../src/scripts/release_plain.lua"),
+    include_str!("../src/scripts/release.lua")
+);
 const TRIVIAL_LUA: &str = "return 1";
 
 /// Lease of `lock_with_lease` and the client's watchdog timeout (default).

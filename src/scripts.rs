@@ -33,7 +33,9 @@ macro_rules! lua {
 }
 
 lua!(ACQUIRE, "scripts/acquire.lua");
-lua!(RELEASE, "scripts/release.lua");
+// The release of the reentrant and the fair lock: one script, with the
+// part that says whom it wakes prepended.
+lua!(RELEASE, "scripts/release_plain.lua", "scripts/release.lua");
 // The read-write lock's scripts share the functions of rw_lib.lua.
 lua!(RW_ACQUIRE, "scripts/rw_acquire.lua");
 lua!(RW_RELEASE, "scripts/rw_lib.lua", "scripts/rw_release.lua");
@@ -47,7 +49,8 @@ lua!(
 lua!(
     FAIR_RELEASE,
     "scripts/fair_lib.lua",
-    "scripts/fair_release.lua"
+    "scripts/fair_release.lua",
+    "scripts/release.lua"
 );
 lua!(
     FAIR_CANCEL,

@@ -188,6 +188,65 @@ impl Names {
     }
 }
 
+/// What one acquisition holds: its record (the field of the semaphore's
+/// records), or an expirable semaphore's permit (raw id, hex id).
+#[derive(Clone, Copy)]
+enum Held<'a> {
+    Record(&'a str),
+    Permit(&'a [u8; 16], &'a str),
+}
+
+impl Names {
+    /// Returns what `held` holds (one round trip): `Ok` if it was out (or
+    /// its latch says an earlier copy returned it); [`Error::PermitLost`]
+    /// if it was not (deleted, or an expirable permit whose lease ran out);
+    /// on a passing failure the return is completed in the background, once.
+    fn give_back(&self, held: Held<'_>) -> Result<()> {
+        let publish = self.router().publish_command();
+        let latch_ms = self.shared().latch_ttl_ms;
+        let (latch, field) = match held {
+            Held::Record(field) => (scripts::semaphore_latch_name(&self.name, field), field),
+            Held::Permit(_, id) => (
+                scripts::permit_latch_name(&self.name, id, self.shared().next_request()),
+                "",
+            ),
+        };
+        let sent = Instant::now();
+        let reply = self.router().run(&self.name, |conn| match held {
+            Held::Record(field) => {
+                scripts::semaphore_release(conn, self.sem(), field, &latch, None, latch_ms, publish)
+            }
+            Held::Permit(raw, _) => {
+                scripts::permit_release(conn, self.sem(), raw, &latch, None, latch_ms, publish)
+            }
+        });
+        match reply {
+            Ok(1) => Ok(()),
+            Ok(_) => Err(Error::PermitLost {
+                name: self.name.clone(),
+            }),
+            Err(e) => {
+                if e.needs_settle() {
+                    let kind = match held {
+                        Held::Record(_) => Lost::Permits {
+                            records: self.book.clone(),
+                            undo: false,
+                        },
+                        Held::Permit(raw, _) => Lost::Permit {
+                            out: self.book.clone(),
+                            id: *raw,
+                            undo: false,
+                        },
+                    };
+                    let later = Unsettled::new(self.lock_ref(field), latch, kind, None, sent);
+                    self.shared().watchdog.settle_later(Arc::new(later));
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
 /// `op`, sent at most once: a request that may have run is not sent again
 /// on a new connection after the old one dropped (the caller is told of
 /// the first failure). For the scripts that are not idempotent.
@@ -551,45 +610,7 @@ impl SemaphorePermits {
     }
 
     fn return_permits(&self) -> Result<()> {
-        let names = &self.sem.names;
-        let publish = names.router().publish_command();
-        let latch = scripts::semaphore_latch_name(&names.name, &self.field);
-        let sent = Instant::now();
-        let reply = names.router().run(&names.name, |conn| {
-            scripts::semaphore_release(
-                conn,
-                names.sem(),
-                &self.field,
-                &latch,
-                None,
-                names.shared().latch_ttl_ms,
-                publish,
-            )
-        });
-        match reply {
-            Ok(1) => Ok(()),
-            Ok(_) => Err(Error::PermitLost {
-                name: names.name.clone(),
-            }),
-            Err(e) => {
-                if e.needs_settle() {
-                    names
-                        .shared()
-                        .watchdog
-                        .settle_later(Arc::new(Unsettled::new(
-                            names.lock_ref(&self.field),
-                            latch,
-                            Lost::Permits {
-                                records: names.book.clone(),
-                                undo: false,
-                            },
-                            None,
-                            sent,
-                        )));
-                }
-                Err(e)
-            }
-        }
+        self.sem.names.give_back(Held::Record(&self.field))
     }
 }
 
@@ -970,47 +991,7 @@ impl Permit {
     }
 
     fn return_permit(&self) -> Result<()> {
-        let names = &self.sem.names;
-        let publish = names.router().publish_command();
-        let latch =
-            scripts::permit_latch_name(&names.name, &self.id, names.shared().next_request());
-        let sent = Instant::now();
-        let reply = names.router().run(&names.name, |conn| {
-            scripts::permit_release(
-                conn,
-                names.sem(),
-                &self.raw,
-                &latch,
-                None,
-                names.shared().latch_ttl_ms,
-                publish,
-            )
-        });
-        match reply {
-            Ok(1) => Ok(()),
-            Ok(_) => Err(Error::PermitLost {
-                name: names.name.clone(),
-            }),
-            Err(e) => {
-                if e.needs_settle() {
-                    names
-                        .shared()
-                        .watchdog
-                        .settle_later(Arc::new(Unsettled::new(
-                            names.lock_ref(""),
-                            latch,
-                            Lost::Permit {
-                                out: names.book.clone(),
-                                id: self.raw,
-                                undo: false,
-                            },
-                            None,
-                            sent,
-                        )));
-                }
-                Err(e)
-            }
-        }
+        self.sem.names.give_back(Held::Permit(&self.raw, &self.id))
     }
 }
 

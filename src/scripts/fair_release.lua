@@ -1,50 +1,8 @@
--- Release one hold of a reentrant lock (Redisson RLock layout).
--- KEYS[1] lock hash   KEYS[2] release channel   KEYS[3] unlock latch of this request
--- KEYS[4..] keys of this owner's unsettled requests (see acquire.lua), set
---           here so they can no longer apply
--- ARGV[1] owner field ARGV[2] holds left after this release (0 = full release)
--- ARGV[3] lease in ms (re-applied while holds remain)   ARGV[4] latch TTL in ms
--- ARGV[5] generation (this request's id, see acquire.lua)
--- ARGV[6] the publish command: 'publish', or 'spublish' (sharded pub/sub on
---         a cluster, as Redisson's getPublishCommand)
--- ARGV[7] TTL in ms of the keys in KEYS[6..] (given only with them)
--- Returns nil when the field is gone (not held: expired or deleted), 0 when
--- holds remain, 1 when the lock was deleted and one waiter per process woken.
--- A retry or a late copy of the same request (same latch) returns the first
--- answer again, "not held" included, so a release whose reply was lost is
--- never applied twice nor reported "not held", and a copy that arrives after
--- the owner took the lock again cannot touch that later hold; an owner's
--- later operation sets the latch of its unsettled releases first, too.
-for i = 6, #KEYS do
-    redis.call('set', KEYS[i], 1, 'px', ARGV[7])
+-- The fair lock's part of release.lua (prepended to it, after fair_lib.lua):
+-- KEYS[4] is the line and KEYS[5] the places, the unsettled keys start at
+-- KEYS[6], and a full release tells only the first waiter in line.
+local FIRST_UNSETTLED = 6
+local function wake_waiters()
+    wake_first(KEYS[4], KEYS[5], KEYS[2], ARGV[6])
 end
-local done = redis.call('get', KEYS[3])
-if done then
-    if done == 'n' then
-        return nil
-    end
-    return tonumber(done)
-end
-if tonumber(ARGV[2]) > 0 then
-    if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
-        redis.call('set', KEYS[3], 'n', 'px', ARGV[4])
-        return nil
-    end
-    redis.call('hset', KEYS[1], ARGV[1], ARGV[2], ARGV[1] .. ':gen', ARGV[5])
-    redis.call('pexpire', KEYS[1], ARGV[3])
-    redis.call('set', KEYS[3], 0, 'px', ARGV[4])
-    return 0
-end
-if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
-    redis.call('set', KEYS[3], 'n', 'px', ARGV[4])
-    return nil
-end
--- Publish before deleting: a user whose ACL lacks the channel stops the
--- script here with nothing changed. Subscribers get the message only after
--- the script has run, so no waiter can see the lock still held.
-wake_first(KEYS[4], KEYS[5], KEYS[2], ARGV[6])
--- The owner's fields are the only ones a lock hash has: removing them removes
--- the key (as Redisson's DEL does).
-redis.call('hdel', KEYS[1], ARGV[1], ARGV[1] .. ':gen')
-redis.call('set', KEYS[3], 1, 'px', ARGV[4])
-return 1
+

@@ -1,21 +1,24 @@
--- Release one hold of a reentrant lock (Redisson RLock layout).
+-- Release one hold of a reentrant lock (Redisson RLock layout), or of a
+-- fair lock: the part prepended to this one (release_plain.lua,
+-- fair_release.lua) says where the unsettled keys start (FIRST_UNSETTLED)
+-- and whom a full release wakes (wake_waiters).
 -- KEYS[1] lock hash   KEYS[2] release channel   KEYS[3] unlock latch of this request
--- KEYS[4..] keys of this owner's unsettled requests (see acquire.lua), set
---           here so they can no longer apply
+-- KEYS[FIRST_UNSETTLED..] keys of this owner's unsettled requests (see
+--           acquire.lua), set here so they can no longer apply
 -- ARGV[1] owner field ARGV[2] holds left after this release (0 = full release)
 -- ARGV[3] lease in ms (re-applied while holds remain)   ARGV[4] latch TTL in ms
 -- ARGV[5] generation (this request's id, see acquire.lua)
 -- ARGV[6] the publish command: 'publish', or 'spublish' (sharded pub/sub on
 --         a cluster, as Redisson's getPublishCommand)
--- ARGV[7] TTL in ms of the keys in KEYS[4..] (given only with them)
+-- ARGV[7] TTL in ms of the unsettled keys (given only with them)
 -- Returns nil when the field is gone (not held: expired or deleted), 0 when
--- holds remain, 1 when the lock was deleted and one waiter per process woken.
+-- holds remain, 1 when the lock was deleted and its waiters told.
 -- A retry or a late copy of the same request (same latch) returns the first
 -- answer again, "not held" included, so a release whose reply was lost is
 -- never applied twice nor reported "not held", and a copy that arrives after
 -- the owner took the lock again cannot touch that later hold; an owner's
 -- later operation sets the latch of its unsettled releases first, too.
-for i = 4, #KEYS do
+for i = FIRST_UNSETTLED, #KEYS do
     redis.call('set', KEYS[i], 1, 'px', ARGV[7])
 end
 local done = redis.call('get', KEYS[3])
@@ -42,7 +45,7 @@ end
 -- Publish before deleting: a user whose ACL lacks the channel stops the
 -- script here with nothing changed. Subscribers get the message only after
 -- the script has run, so no waiter can see the lock still held.
-redis.call(ARGV[6], KEYS[2], 0)
+wake_waiters()
 -- The owner's fields are the only ones a lock hash has: removing them removes
 -- the key (as Redisson's DEL does).
 redis.call('hdel', KEYS[1], ARGV[1], ARGV[1] .. ':gen')

@@ -24,7 +24,10 @@ fn acquire_sha() -> Vec<u8> {
 }
 
 fn release_sha() -> Vec<u8> {
-    sha(include_str!("../../../src/scripts/release.lua"))
+    sha(concat!(
+        include_str!("../../../src/scripts/release_plain.lua"),
+        include_str!("../../../src/scripts/release.lua")
+    ))
 }
 
 fn renew_sha() -> Vec<u8> {
@@ -46,7 +49,10 @@ fn server_with(args: &[&str]) -> RedisServer {
     let mut conn = srv.conn();
     for source in [
         include_str!("../../../src/scripts/acquire.lua"),
-        include_str!("../../../src/scripts/release.lua"),
+        concat!(
+            include_str!("../../../src/scripts/release_plain.lua"),
+            include_str!("../../../src/scripts/release.lua")
+        ),
         include_str!("../../../src/scripts/renew.lua"),
         include_str!("../../../src/scripts/cancel_acquire.lua"),
         include_str!("../../../src/scripts/force_unlock.lua"),

@@ -115,7 +115,10 @@ fn randomized_faults_never_let_two_holders_believe_at_once() {
         thread::spawn(move || {
             let scripts = [
                 sha(include_str!("../../../src/scripts/acquire.lua")),
-                sha(include_str!("../../../src/scripts/release.lua")),
+                sha(concat!(
+                    include_str!("../../../src/scripts/release_plain.lua"),
+                    include_str!("../../../src/scripts/release.lua")
+                )),
                 sha(include_str!("../../../src/scripts/renew.lua")),
                 sha(include_str!("../../../src/scripts/cancel_acquire.lua")),
             ];
