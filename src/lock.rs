@@ -458,6 +458,20 @@ impl Lock {
         owner_state(self.client.shared.id, &self.slot).0.is_some()
     }
 
+    /// A write lock asked for without a deadline by a thread that holds only
+    /// the read lock would wait for itself forever: refused.
+    fn check_no_upgrade(&self) -> Result<()> {
+        if !self.held_here() && self.as_kind(Kind::Read).held_here() {
+            return Err(Error::invalid(format!(
+                "this thread holds the read lock of {:?}: taking the write lock would wait for \
+                 itself forever (there is no upgrade); release the read lock first, or use \
+                 try_lock_for to give up at a deadline",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
     /// The same lock as another kind (the read or the write lock of a
     /// read-write lock), with the same renew interval.
     pub(crate) fn as_kind(&self, kind: Kind) -> Lock {
@@ -513,6 +527,9 @@ impl Lock {
     /// for a release message or the holder's lease, whichever comes first,
     /// until the deadline (see [`Waiters::acquire`]).
     fn acquire(&self, wait: Wait, terms: &Terms) -> Result<Option<LockGuard>> {
+        if self.kind == Kind::Write && matches!(wait, Wait::Forever) {
+            self.check_no_upgrade()?;
+        }
         if self.kind == Kind::Fair && !matches!(wait, Wait::No) && !self.held_here() {
             return self.acquire_in_line(wait, terms);
         }

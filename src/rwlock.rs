@@ -5,7 +5,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::client::Client;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::guard::LockGuard;
 use crate::lock::{acquire_methods, Lock};
 use crate::scripts::Kind;
@@ -20,8 +20,10 @@ use crate::scripts::Kind;
 /// (a downgrade). There is **no upgrade**: a thread holding only the read lock
 /// that asks for the write lock waits for itself, so the timed calls
 /// ([`WriteLock::try_lock_for`], ...) return `None` at their deadline, and
-/// the calls without one ([`WriteLock::lock`], [`WriteLock::lock_with_lease`])
-/// fail at once with [`Error::InvalidArgument`] instead of waiting forever.
+/// the calls without one ([`WriteLock::lock`], [`WriteLock::lock_with_lease`],
+/// or a wait too long to have a deadline) fail at once with
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) instead of
+/// waiting forever.
 /// Release the read lock first.
 ///
 /// Readers are admitted while others read, even with writers waiting
@@ -174,11 +176,10 @@ impl WriteLock {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] if this thread holds the read lock but
-    /// not the write lock (an upgrade would wait for itself forever);
-    /// otherwise as for [`Lock::lock`].
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if this
+    /// thread holds the read lock but not the write lock (an upgrade would
+    /// wait for itself forever); otherwise as for [`Lock::lock`].
     pub fn lock(&self) -> Result<LockGuard> {
-        self.check_no_upgrade()?;
         self.lock.lock()
     }
 
@@ -189,20 +190,7 @@ impl WriteLock {
     ///
     /// As for [`lock`](Self::lock), and for [`Lock::lock_with_lease`].
     pub fn lock_with_lease(&self, lease: Duration) -> Result<LockGuard> {
-        self.check_no_upgrade()?;
         self.lock.lock_with_lease(lease)
-    }
-
-    fn check_no_upgrade(&self) -> Result<()> {
-        if !self.lock.held_here() && self.lock.as_kind(Kind::Read).held_here() {
-            return Err(Error::invalid(format!(
-                "this thread holds the read lock of {:?}: taking the write lock would wait for \
-                 itself forever (there is no upgrade); release the read lock first, or use \
-                 try_lock_for to give up at a deadline",
-                self.lock.name()
-            )));
-        }
-        Ok(())
     }
 }
 

@@ -37,7 +37,7 @@ lua!(ACQUIRE, "scripts/acquire.lua");
 // part that says whom it wakes prepended.
 lua!(RELEASE, "scripts/release_plain.lua", "scripts/release.lua");
 // The read-write lock's scripts share the functions of rw_lib.lua.
-lua!(RW_ACQUIRE, "scripts/rw_acquire.lua");
+lua!(RW_ACQUIRE, "scripts/rw_lib.lua", "scripts/rw_acquire.lua");
 lua!(RW_RELEASE, "scripts/rw_lib.lua", "scripts/rw_release.lua");
 lua!(RW_CANCEL, "scripts/rw_lib.lua", "scripts/rw_cancel.lua");
 // The fair lock's scripts share the functions of fair_lib.lua.
@@ -217,7 +217,8 @@ impl Acquire<'_> {
                 .arg(self.count)
                 .arg(self.gen)
                 .arg(self.prefix)
-                .arg(self.writer);
+                .arg(self.writer)
+                .arg(rw_base(self.lock.name));
             if !self.unsettled.is_empty() {
                 cmd.arg(LATE_REQUEST_WINDOW_MS);
             }

@@ -2,6 +2,7 @@
 -- KEYS[i] lock hash; ARGV[4i-3] owner field, ARGV[4i-2] generation the owner
 -- last wrote (see acquire.lua; empty if unknown), ARGV[4i-1] lease in ms,
 -- ARGV[4i] a read hold's key prefix (see rw_lib.lua), else ''.
+-- A renewal never shortens a lease (a re-entry may have set a longer one).
 -- A lease is extended only while the owner's field still exists and carries
 -- that generation: a lock that was released, expired or taken over is never
 -- brought back, and a renewal taken for an earlier state of a hold (sent
@@ -28,16 +29,20 @@ for i, key in ipairs(KEYS) do
         local want = ARGV[4 * i - 2]
         if gen == want or gen == 'g' .. want then
             local prefix = ARGV[4 * i]
+            local lease = tonumber(ARGV[4 * i - 1])
             if prefix == '' then
-                redis.call('pexpire', key, ARGV[4 * i - 1])
+                redis.call('pexpire', key, math.max(redis.call('pttl', key), lease))
             else
                 -- A read hold whose key has expired has lost its lease
                 -- (Redisson's readers count it dead): gone.
-                local lease = tonumber(ARGV[4 * i - 1])
                 local alive = true
                 for k = 1, tonumber(v[1]) or 0 do
-                    if redis.call('pexpire', prefix .. ':' .. k, lease) == 0 then
+                    local hold = prefix .. ':' .. k
+                    local ttl = redis.call('pttl', hold)
+                    if ttl == -2 then
                         alive = false
+                    else
+                        redis.call('pexpire', hold, math.max(ttl, lease))
                     end
                 end
                 if alive then

@@ -10,11 +10,16 @@
 -- ARGV[5] a reader's hold-key prefix ({<name>}:<uuid>:<thread>:rwlock_timeout),
 --         '' for a writer
 -- ARGV[6] a reader's thread's writer field (a writer may also read)
--- ARGV[7] TTL in ms of the keys in KEYS[3..] (given only with them)
+-- ARGV[7] {<name>} (see the part above)
+-- ARGV[8] TTL in ms of the keys in KEYS[3..] (given only with them)
 -- Returns nil when acquired, -3 when cancelled already, -4 when the caller
--- believes it holds the lock but its field is gone, else the PTTL.
+-- believes it holds the lock but its field is gone (or, for a reader, the
+-- key of one of its holds has expired), else the PTTL.
+-- Leases are never cut short: a re-entry extends the owner's earlier read
+-- hold keys to at least its lease, and a writer's lease never ends before
+-- its own thread's read holds.
 for i = 3, #KEYS do
-    redis.call('set', KEYS[i], 1, 'px', ARGV[7])
+    redis.call('set', KEYS[i], 1, 'px', ARGV[8])
 end
 if redis.call('exists', KEYS[2]) == 1 then
     return -3
@@ -41,11 +46,22 @@ end
 if not mode then
     redis.call('hset', KEYS[1], 'mode', reader and 'read' or 'write')
 end
+local lease = tonumber(ARGV[1])
+if reader then
+    for k = 1, count - 1 do
+        local key = ARGV[5] .. ':' .. k
+        local ttl = redis.call('pttl', key)
+        if ttl == -2 then
+            return -4
+        end
+        redis.call('pexpire', key, math.max(ttl, lease))
+    end
+end
 redis.call('hset', KEYS[1], ARGV[2], count, ARGV[2] .. ':gen', 'g' .. ARGV[4])
 if reader then
-    redis.call('set', ARGV[5] .. ':' .. count, 1, 'px', ARGV[1])
-    redis.call('pexpire', KEYS[1], math.max(redis.call('pttl', KEYS[1]), tonumber(ARGV[1])))
+    redis.call('set', ARGV[5] .. ':' .. count, 1, 'px', lease)
+    redis.call('pexpire', KEYS[1], math.max(redis.call('pttl', KEYS[1]), lease))
 else
-    redis.call('pexpire', KEYS[1], ARGV[1])
+    redis.call('pexpire', KEYS[1], math.max(lease, readers_ttl(KEYS[1], ARGV[7], nil)))
 end
 return nil

@@ -16,7 +16,8 @@ if held <= want then
     return 0
 end
 if want > 0 then
-    keep_holds(KEYS[1], ARGV[1], held, want, ARGV[5], ARGV[3], ARGV[7])
+    -- A hold key gone already: the next renewal finds the hold gone.
+    keep_holds(KEYS[1], ARGV[1], held, want, ARGV[5], ARGV[3], ARGV[7], ARGV[8])
 else
     drop_holds(KEYS[1], KEYS[2], ARGV[1], held, ARGV[7], ARGV[8], ARGV[6])
 end

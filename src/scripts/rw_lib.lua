@@ -25,19 +25,35 @@ local function readers_ttl(name, base, skip)
     return longest
 end
 
--- Leaves `left` (> 0) of the `held` holds of `field`, with generation `gen`:
--- a reader's released hold keys go, and the hash lives at least `lease`
--- more (other readers may need longer); a writer's lease is `lease`.
-local function keep_holds(name, field, held, left, gen, lease, prefix)
+-- Leaves `left` (> 0) of the `held` holds of `field`, with generation `gen`,
+-- each living at least `lease` more. A reader's released hold keys go and
+-- the others are extended (never shortened); false, with nothing changed,
+-- if one of them has expired already (that hold is gone: Redisson's readers
+-- would count it dead). A writer's lease never cuts short its own thread's
+-- read holds (the only ones a write-mode hash has).
+local function keep_holds(name, field, held, left, gen, lease, prefix, base)
+    lease = tonumber(lease)
+    if prefix ~= '' then
+        for k = 1, left do
+            if redis.call('exists', prefix .. ':' .. k) == 0 then
+                return false
+            end
+        end
+    end
     redis.call('hset', name, field, left, field .. ':gen', 'g' .. gen)
     if prefix == '' then
-        redis.call('pexpire', name, lease)
-        return
+        redis.call('pexpire', name, math.max(lease, readers_ttl(name, base, nil)))
+        return true
     end
     for k = left + 1, held do
         redis.call('del', prefix .. ':' .. k)
     end
-    redis.call('pexpire', name, math.max(redis.call('pttl', name), tonumber(lease)))
+    for k = 1, left do
+        local key = prefix .. ':' .. k
+        redis.call('pexpire', key, math.max(redis.call('pttl', key), lease))
+    end
+    redis.call('pexpire', name, math.max(redis.call('pttl', name), lease))
+    return true
 end
 
 -- Removes every hold of `field` (a writer when `prefix` is '') and what kept

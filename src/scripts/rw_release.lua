@@ -7,7 +7,8 @@
 -- ARGV[5] generation   ARGV[6] the publish command
 -- ARGV[7] a reader's hold-key prefix, '' for a writer   ARGV[8] {<name>}
 -- ARGV[9] TTL in ms of the keys in KEYS[4..] (given only with them)
--- Returns nil when the field is gone, 0 when holds remain, 1 when the
+-- Returns nil when the field is gone (or, for a reader keeping holds, one of
+-- their keys has expired: those holds are gone), 0 when holds remain, 1 when the
 -- owner's holds are all released; a retry or late copy returns the first
 -- answer (see release.lua).
 for i = 4, #KEYS do
@@ -27,7 +28,10 @@ if not held then
 end
 local left = tonumber(ARGV[2])
 if left > 0 then
-    keep_holds(KEYS[1], ARGV[1], held, left, ARGV[5], ARGV[3], ARGV[7])
+    if not keep_holds(KEYS[1], ARGV[1], held, left, ARGV[5], ARGV[3], ARGV[7], ARGV[8]) then
+        redis.call('set', KEYS[3], 'n', 'px', ARGV[4])
+        return nil
+    end
     redis.call('set', KEYS[3], 0, 'px', ARGV[4])
     return 0
 end

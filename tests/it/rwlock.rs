@@ -386,3 +386,274 @@ fn redisson_readers_and_writers_share_the_lock() {
     w.unlock().expect("unlock");
     assert_eq!(heard.recv_timeout(WAIT).expect("message"), b"1");
 }
+
+// Found by an adversarial review; each failed before its fix.
+
+/// A second client's reader enters and leaves (as any reader may): its
+/// release frees the lock when it finds no other live read hold. Then its
+/// writer tries. `Some` = the second client now writes.
+fn other_reader_passes_then_writes(b: &Client) -> Option<redlease::LockGuard> {
+    let rw = b.read_write_lock("rw");
+    if let Some(r) = rw.read_lock().try_lock().expect("try read") {
+        drop(r);
+    }
+    rw.write_lock().try_lock().expect("try write")
+}
+
+/// A write re-entry with a short lease never cuts the hash below the lease
+/// of the same thread's read hold (it used to: the hash expired while the
+/// read guard said held, and another client wrote).
+#[test]
+fn write_reentry_does_not_cut_the_threads_read_hold_short() {
+    let srv = RedisServer::start();
+    let a = client(&srv.url());
+    let b = client(&srv.url());
+    let rw = a.read_write_lock("rw");
+    let _w1 = rw
+        .write_lock()
+        .lock_with_lease(Duration::from_secs(20))
+        .expect("write");
+    let r = rw
+        .read_lock()
+        .lock_with_lease(Duration::from_secs(20))
+        .expect("read under write");
+    let _w2 = rw
+        .write_lock()
+        .try_lock_with_lease(Duration::ZERO, Duration::from_millis(300))
+        .expect("re-entry")
+        .expect("held");
+    thread::sleep(Duration::from_millis(700));
+    let read_ok = r.ensure_held().is_ok();
+    let other = b
+        .read_write_lock("rw")
+        .write_lock()
+        .try_lock()
+        .expect("try");
+    assert!(
+        !(read_ok && other.is_some()),
+        "our read guard says held (valid for {:?} more) while another client holds the write lock",
+        r.valid_until().saturating_duration_since(Instant::now())
+    );
+}
+
+/// A partial read release extends the remaining hold keys to the lease its
+/// bound counts on (it used to leave them: once the old key ran out, another
+/// reader's release deleted the hash and a writer got in while the
+/// remaining read guard said held).
+#[test]
+fn partial_read_release_keeps_the_remaining_keys_alive() {
+    let srv = RedisServer::start();
+    let a = client(&srv.url());
+    let b = client(&srv.url());
+    let rw = a.read_write_lock("rw");
+    let lease = Duration::from_millis(1000);
+    let r1 = rw.read_lock().lock_with_lease(lease).expect("read");
+    thread::sleep(Duration::from_millis(600));
+    let r2 = rw.read_lock().lock_with_lease(lease).expect("re-entry");
+    drop(r2);
+    thread::sleep(Duration::from_millis(600));
+    let read_ok = r1.ensure_held().is_ok();
+    let w = other_reader_passes_then_writes(&b);
+    assert!(
+        !(read_ok && w.is_some()),
+        "our read guard says held ({:?} more) while another client writes",
+        r1.valid_until().saturating_duration_since(Instant::now())
+    );
+}
+
+/// The same with watched guards only, renewals stopped by a black-holed
+/// link after the partial release: the remaining key lives as long as the
+/// bound.
+#[test]
+fn partial_release_of_watched_reads_keeps_keys_to_the_bound() {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let a = Client::builder(proxy.url())
+        .watchdog_timeout(Duration::from_millis(1500))
+        .response_timeout(Duration::from_millis(300))
+        .build()
+        .expect("client");
+    let b = client(&srv.url());
+    let rw = a.read_write_lock("rw");
+    let r1 = rw.read_lock().lock().expect("read");
+    let r2 = rw.read_lock().lock().expect("re-entry");
+    // Just before the next renewal (every 500 ms): the keys are ~450 ms old.
+    wait_until("a renewal", WAIT, || a.stats().renewal_batches >= 1);
+    let at = a.stats().renewal_batches;
+    wait_until("another renewal", WAIT, || a.stats().renewal_batches > at);
+    thread::sleep(Duration::from_millis(420));
+    drop(r2);
+    // From now on nothing more reaches Redis from the watchdog.
+    proxy.add_rule(b"rwlock_timeout", Fault::BlackHole, 1000);
+    let bound = r1.valid_until();
+    let key = srv.cmd(&["KEYS", "{rw}:*:rwlock_timeout:*"]);
+    assert_eq!(key.lines().count(), 1, "one hold key left: {key}");
+    let key = key.trim().to_owned();
+    let ttl: i64 = srv.cmd(&["PTTL", &key]).parse().expect("pttl");
+    let claimed = bound.saturating_duration_since(Instant::now());
+    // Past the key, within the bound.
+    thread::sleep(Duration::from_millis(ttl.max(0) as u64 + 100));
+    let read_ok = r1.ensure_held().is_ok();
+    let w = other_reader_passes_then_writes(&b);
+    assert!(
+        !(read_ok && w.is_some()),
+        "the guard claimed {claimed:?} with its only hold key living {ttl} ms: it still says \
+         held ({:?} more) while another client writes",
+        r1.valid_until().saturating_duration_since(Instant::now())
+    );
+}
+
+/// A renewal of a watched read hold never shortens the hold key of an
+/// explicit re-entry with a longer lease (it used to: once renewals
+/// stopped, a writer got in long before the guard's bound).
+#[test]
+fn renewal_never_shortens_an_explicit_read_reentry() {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let a = Client::builder(proxy.url())
+        .watchdog_timeout(Duration::from_millis(900))
+        .response_timeout(Duration::from_millis(300))
+        .build()
+        .expect("client");
+    let b = client(&srv.url());
+    let rw = a.read_write_lock("rw");
+    let r1 = rw.read_lock().lock().expect("watched read");
+    let r2 = rw
+        .read_lock()
+        .lock_with_lease(Duration::from_secs(6))
+        .expect("explicit re-entry");
+    let at = a.stats().renewal_batches;
+    wait_until("a renewal after the re-entry", WAIT, || {
+        a.stats().renewal_batches > at
+    });
+    proxy.add_rule(b"rwlock_timeout", Fault::BlackHole, 1000);
+    thread::sleep(Duration::from_millis(1500));
+    let read_ok = r2.ensure_held().is_ok();
+    let w = other_reader_passes_then_writes(&b);
+    assert!(
+        !(read_ok && w.is_some()),
+        "our explicit read guard says held ({:?} more) while another client writes",
+        r2.valid_until().saturating_duration_since(Instant::now())
+    );
+    drop(r1);
+}
+
+/// An explicit short read hold, then a watched re-entry: the re-entry
+/// extends the first hold's key, and the hold is not found lost when the
+/// short lease would have ended (it used to be, falsely).
+#[test]
+fn watched_read_reentry_is_not_lost_when_an_older_key_runs_out() {
+    let srv = RedisServer::start();
+    let a = Client::builder(srv.url())
+        .watchdog_timeout(Duration::from_millis(900))
+        .build()
+        .expect("client");
+    let rw = a.read_write_lock("rw");
+    let r1 = rw
+        .read_lock()
+        .lock_with_lease(Duration::from_millis(200))
+        .expect("explicit read");
+    let r2 = rw.read_lock().lock().expect("watched re-entry");
+    thread::sleep(Duration::from_millis(1500));
+    drop(r1);
+    assert!(
+        !r2.is_lost(),
+        "the watched read guard was declared lost (locks_lost = {})",
+        a.stats().locks_lost
+    );
+}
+
+/// A read holder asking for the write lock with a wait too large to
+/// represent ("no deadline") is refused at once, as lock() is.
+#[test]
+fn no_upgrade_deadlock_with_an_unbounded_try_lock_for() {
+    let srv = RedisServer::start();
+    let url = srv.url();
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let c = client(&url);
+        let rw = c.read_write_lock("rw");
+        let _r = rw.read_lock().lock().expect("read");
+        let out = rw.write_lock().try_lock_for(Duration::MAX);
+        let _ = tx.send(out.map(|g| g.is_some()).map_err(|e| e.to_string()));
+    });
+    let got = rx.recv_timeout(Duration::from_secs(5));
+    assert!(
+        got.is_ok(),
+        "a reader's try_lock_for(Duration::MAX) on the write lock still waits for itself"
+    );
+}
+
+/// The same on a plain lock: a renewal never shortens the lease of an
+/// explicit longer re-entry.
+#[test]
+fn plain_renewal_never_shortens_an_explicit_reentry() {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let a = Client::builder(proxy.url())
+        .watchdog_timeout(Duration::from_millis(900))
+        .response_timeout(Duration::from_millis(300))
+        .build()
+        .expect("client");
+    let b = client(&srv.url());
+    let l = a.lock("plain");
+    let g1 = l.lock().expect("watched");
+    let g2 = l
+        .lock_with_lease(Duration::from_secs(6))
+        .expect("explicit re-entry");
+    let at = a.stats().renewal_batches;
+    wait_until("a renewal after the re-entry", WAIT, || {
+        a.stats().renewal_batches > at
+    });
+    proxy.add_rule(b"plain", Fault::BlackHole, 1000);
+    thread::sleep(Duration::from_millis(1500));
+    let ok = g2.ensure_held().is_ok();
+    let other = b.lock("plain").try_lock().expect("try");
+    assert!(
+        !(ok && other.is_some()),
+        "plain: guard says held while another client holds it"
+    );
+    drop(g1);
+}
+
+/// A downgrade whose request is held up, then the read hold released,
+/// then the background completion: nothing left, nobody blocked.
+#[test]
+fn a_lost_downgrade_reply_is_completed() {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let a = Client::builder(proxy.url())
+        .response_timeout(Duration::from_millis(300))
+        .retry_attempts(0)
+        .build()
+        .expect("client");
+    let b = client(&srv.url());
+    let rw = a.read_write_lock("rw");
+    let w = rw.write_lock().lock().expect("write");
+    let r = rw.read_lock().lock().expect("read");
+    proxy.add_rule(
+        b"redisson_unlock_latch",
+        Fault::DelayRequest(Duration::from_millis(800)),
+        1,
+    );
+    assert!(w.unlock().is_err());
+    // The delayed release has not run: the lock is still write-locked.
+    let br = b
+        .read_write_lock("rw")
+        .read_lock()
+        .try_lock_for(WAIT)
+        .expect("wait");
+    assert!(br.is_some(), "B reads once the downgrade lands");
+    assert!(r.ensure_held().is_ok());
+    drop(br);
+    drop(r);
+    wait_until("everything settled", WAIT, || {
+        a.stats().unsettled_requests == 0 && srv.cmd(&["EXISTS", "rw"]) == "0"
+    });
+    assert!(b
+        .read_write_lock("rw")
+        .write_lock()
+        .try_lock()
+        .expect("try")
+        .is_some());
+}
