@@ -247,21 +247,27 @@ impl Names {
     }
 }
 
-/// `op`, sent at most once: a request that may have run is not sent again
-/// on a new connection after the old one dropped (the caller is told of
-/// the first failure). For the scripts that are not idempotent.
+/// `op`, not sent again once a copy may have run: after a failure on the
+/// connection (no reply) a resend on a new connection is refused (the
+/// caller is told of the first failure); a resend after a redirection
+/// (`MOVED`, `ASK`: it did not run) goes ahead. For the scripts that are not
+/// idempotent.
 fn once<T>(
     mut op: impl FnMut(&mut crate::transport::Connection) -> redis::RedisResult<T>,
 ) -> impl FnMut(&mut crate::transport::Connection) -> redis::RedisResult<T> {
-    let mut sent = false;
+    let mut may_have_run = false;
     move |conn| {
-        if std::mem::replace(&mut sent, true) {
+        if may_have_run {
             return Err(redis::RedisError::from((
                 redis::ErrorKind::Client,
                 "not sent again: the first copy may have run",
             )));
         }
-        op(conn)
+        let result = op(conn);
+        if let Err(e) = &result {
+            may_have_run = crate::error::is_io_failure(e);
+        }
+        result
     }
 }
 
