@@ -414,3 +414,34 @@ fn fair_lock_excludes_under_contention() {
     assert!(line(&srv).is_empty(), "nobody left in line");
     assert_eq!(srv.cmd(&["EXISTS", "fair"]), "0");
 }
+
+/// A waiter whose subscriber connection is cut, and one that rides out a
+/// Redis restart (the line and the lock are gone with it): each gets the
+/// lock.
+#[test]
+fn waiters_survive_a_cut_subscriber_and_a_restart() {
+    let srv = RedisServer::start();
+    let holder = client(&srv.url());
+    let g = holder.fair_lock("fair").lock().expect("lock");
+    let (rx, handles) = waiters_in_line(&srv, 1, Duration::ZERO);
+    assert!(srv.client_kill_type("pubsub") >= 1, "the subscriber cut");
+    drop(g);
+    assert_eq!(rx.recv_timeout(WAIT).expect("its turn after the cut"), 0);
+    for h in handles {
+        h.join().expect("waiter");
+    }
+    let g = holder.fair_lock("fair").lock().expect("lock again");
+    let (rx, handles) = waiters_in_line(&srv, 1, Duration::ZERO);
+    srv.restart();
+    assert_eq!(
+        rx.recv_timeout(WAIT).expect("its turn after the restart"),
+        0
+    );
+    for h in handles {
+        h.join().expect("waiter");
+    }
+    assert!(
+        g.unlock().is_err(),
+        "the holder's lock went with the restart"
+    );
+}

@@ -657,3 +657,40 @@ fn a_lost_downgrade_reply_is_completed() {
         .expect("try")
         .is_some());
 }
+
+/// Readers waiting on a writer get the lock after their subscriber
+/// connection is cut, and after a Redis restart (the write lock is gone
+/// with it).
+#[test]
+fn readers_survive_a_cut_subscriber_and_a_restart() {
+    let srv = RedisServer::start();
+    let holder = client(&srv.url());
+    let reader = client(&srv.url());
+    for fault in ["cut", "restart"] {
+        let w = holder
+            .read_write_lock("rw")
+            .write_lock()
+            .lock()
+            .expect("write");
+        let (tx, rx) = mpsc::channel();
+        let rw = reader.read_write_lock("rw");
+        thread::spawn(move || {
+            let g = rw.read_lock().try_lock_for(WAIT).expect("wait");
+            tx.send(g.is_some()).expect("report");
+        });
+        wait_until("the reader to subscribe", WAIT, || {
+            srv.subscribers(CHANNEL) == 1
+        });
+        if fault == "cut" {
+            assert!(srv.client_kill_type("pubsub") >= 1, "the subscriber cut");
+            w.unlock().expect("unlock");
+        } else {
+            srv.restart();
+            assert!(w.unlock().is_err(), "the write lock went with the restart");
+        }
+        assert!(
+            rx.recv_timeout(WAIT).expect("the reader returns"),
+            "{fault}"
+        );
+    }
+}
