@@ -64,6 +64,7 @@ pub(crate) struct Shared {
     /// How long the latch of a release lives: long enough for a retry of the
     /// same request to find it (4 response timeouts, at least 1 s).
     pub(crate) latch_ttl_ms: u64,
+    pub(crate) response_timeout: Duration,
 }
 
 impl Shared {
@@ -871,6 +872,7 @@ impl ClientBuilder {
             latch_ttl_ms: duration_ms(self.response_timeout)
                 .saturating_mul(4)
                 .max(1000),
+            response_timeout: self.response_timeout,
         };
         Client {
             shared: Arc::new(shared),

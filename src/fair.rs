@@ -19,7 +19,7 @@ use crate::scripts::Kind;
 /// waits on its own channel (`redisson_lock__channel:{<name>}:<owner>`); a
 /// release tells only the first waiter in line, so the hand-off wakes one
 /// thread in all. A waiter keeps its place by trying again at least every
-/// 2 s, and a place not kept for [`FAIR_PLACE`](crate::FAIR_PLACE) (6 s)
+/// 2 s, and a place not kept for [`FAIR_PLACE`](crate::FAIR_PLACE) (8 s)
 /// is dropped when it comes first: a waiter that crashed holds up the line
 /// for seconds, not the 5 minutes per waiter of Redisson's default. A
 /// waiter that gives up (its deadline passed, an error, a panic) leaves the

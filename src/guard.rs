@@ -365,7 +365,9 @@ pub(crate) enum Lost {
     /// acquisition whose reply was lost) first sets the marker, so that a
     /// late copy of the acquisition does nothing.
     Permits { records: String, undo: bool },
-    /// A fair lock's waiter (`field`) that gave up: take it out of the line.
+    /// A fair lock's waiter (`field`) that gave up: take it out of the line
+    /// (`key` is the request's marker, which the owner's next operation on
+    /// the lock sets first, so that a late leave spares a later place).
     Leave,
     /// Permit `id` of a permit-expirable semaphore (`key` as for
     /// `Permits`): return it, as for `Permits`.

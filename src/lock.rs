@@ -31,8 +31,11 @@ pub const MAX_LEASE: Duration = Duration::from_millis(1 << 53);
 const NO_TTL_RECHECK: Duration = Duration::from_secs(1);
 
 /// How long a fair lock's waiter keeps its place in line without renewing
-/// it: a waiter that crashed holds up the line at most this long.
-pub const FAIR_PLACE: Duration = Duration::from_secs(6);
+/// it: a waiter that crashed holds up the line at most this long (longer
+/// only with a response timeout above 2.5 s: then 2 s plus two response
+/// timeouts plus 1 s, so that a live waiter with slow replies keeps its
+/// place).
+pub const FAIR_PLACE: Duration = Duration::from_secs(8);
 
 /// How often a fair lock's waiter tries again without a message, renewing
 /// its place in line.
@@ -530,7 +533,8 @@ impl Lock {
         if self.kind == Kind::Write && matches!(wait, Wait::Forever) {
             self.check_no_upgrade()?;
         }
-        if self.kind == Kind::Fair && !matches!(wait, Wait::No) && !self.held_here() {
+        if self.kind == Kind::Fair && !matches!(wait, Wait::No) {
+            // A re-entry takes no place: the script re-enters first.
             return self.acquire_in_line(wait, terms);
         }
         self.waiters()
@@ -546,10 +550,13 @@ impl Lock {
     fn acquire_in_line(&self, wait: Wait, terms: &Terms) -> Result<Option<LockGuard>> {
         let field = self.owner_field();
         let channel = format!("{}:{field}", self.channel);
-        let terms = Terms {
-            place_ms: duration_ms(FAIR_PLACE),
-            ..*terms
-        };
+        // A live waiter renews its place at least every FAIR_RECHECK plus
+        // a reply (and a subscription) that may take a response timeout
+        // each: its place outlasts that.
+        let response_ms = duration_ms(self.client.shared.response_timeout);
+        let place_ms =
+            duration_ms(FAIR_PLACE).max(duration_ms(FAIR_RECHECK) + 2 * response_ms + 1000);
+        let terms = Terms { place_ms, ..*terms };
         let mut place = Place {
             lock: self,
             field,
@@ -909,17 +916,24 @@ impl Drop for Place<'_> {
             field: &self.field,
             kind: lock.kind,
         };
+        let shared = &lock.client.shared;
         let publish = lock.router().publish_command();
+        let marker = scripts::fair_leave_name(&lock.name, &self.field, shared.next_request());
         let sent = Instant::now();
-        if let Err(e) = lock.router().run(&lock.name, |conn| {
-            scripts::fair_leave(conn, lock_ref, publish)
-        }) {
+        let left = lock.router().run(&lock.name, |conn| {
+            scripts::fair_leave(conn, lock_ref, &marker, shared.latch_ttl_ms, publish)
+        });
+        if let Err(e) = left {
             log::debug!(
                 "redlease: leaving the line of {:?} failed ({e}); retried in the background",
                 lock.name
             );
-            let leave = Unsettled::new(lock_ref, String::new(), Lost::Leave, None, sent);
-            lock.client.shared.watchdog.settle_later(Arc::new(leave));
+            // Until it is settled, this thread's next operation on the lock
+            // sets its marker first.
+            settle_later(
+                shared,
+                Unsettled::new(lock_ref, marker, Lost::Leave, None, sent),
+            );
         }
     }
 }

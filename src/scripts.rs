@@ -193,7 +193,8 @@ impl Acquire<'_> {
             cmd.arg(self.lock.name)
                 .arg(self.marker)
                 .arg(fair_line_name(self.lock.name))
-                .arg(fair_places_name(self.lock.name));
+                .arg(fair_places_name(self.lock.name))
+                .arg(fair_deadlines_name(self.lock.name));
             for key in &self.unsettled {
                 cmd.arg(*key);
             }
@@ -243,7 +244,7 @@ impl Acquire<'_> {
 
     fn keys(&self) -> usize {
         let extra = match self.lock.kind {
-            Kind::Fair => 2,
+            Kind::Fair => 3,
             Kind::Fenced => 1,
             _ => 0,
         };
@@ -369,7 +370,8 @@ impl Release<'_> {
             .arg(self.latch);
         if self.lock.kind == Kind::Fair {
             cmd.arg(fair_line_name(self.lock.name))
-                .arg(fair_places_name(self.lock.name));
+                .arg(fair_places_name(self.lock.name))
+                .arg(fair_deadlines_name(self.lock.name));
         }
         for key in &self.unsettled {
             cmd.arg(*key);
@@ -389,7 +391,7 @@ impl Release<'_> {
     }
 
     fn keys(&self) -> usize {
-        3 + 2 * usize::from(self.lock.kind == Kind::Fair) + self.unsettled.len()
+        3 + 3 * usize::from(self.lock.kind == Kind::Fair) + self.unsettled.len()
     }
 
     fn script(&self) -> &'static Lua {
@@ -425,14 +427,15 @@ pub(crate) fn cancel_acquire(
 ) -> RedisResult<i64> {
     let (script, keys) = match lock.kind {
         Kind::Read | Kind::Write => (&RW_CANCEL, 3),
-        Kind::Fair => (&FAIR_CANCEL, 5),
+        Kind::Fair => (&FAIR_CANCEL, 6),
         Kind::Plain | Kind::Fenced => (&CANCEL_ACQUIRE, 3),
     };
     script.run(conn, keys, |cmd| {
         cmd.arg(lock.name).arg(lock.channel).arg(marker);
         if lock.kind == Kind::Fair {
             cmd.arg(fair_line_name(lock.name))
-                .arg(fair_places_name(lock.name));
+                .arg(fair_places_name(lock.name))
+                .arg(fair_deadlines_name(lock.name));
         }
         cmd.arg(lock.field)
             .arg(held)
@@ -672,32 +675,45 @@ pub(crate) fn fair_force_unlock(
     latch_ms: u64,
     publish: &str,
 ) -> RedisResult<i64> {
-    FAIR_FORCE_UNLOCK.run(conn, 5, |cmd| {
+    FAIR_FORCE_UNLOCK.run(conn, 6, |cmd| {
         cmd.arg(name)
             .arg(channel)
             .arg(latch)
             .arg(fair_line_name(name))
             .arg(fair_places_name(name))
+            .arg(fair_deadlines_name(name))
             .arg(latch_ms)
             .arg(publish);
     })
 }
 
 /// fair_leave.lua: the waiter `lock.field` leaves the line of fair lock
-/// `lock.name` (the first waiter left is woken if the lock is free).
+/// `lock.name` (the first waiter left is woken if the lock is free), once:
+/// 1, or 0 if `marker` (living `marker_ms`) says it ran already.
 pub(crate) fn fair_leave(
     conn: &mut crate::transport::Connection,
     lock: LockRef<'_>,
+    marker: &str,
+    marker_ms: u64,
     publish: &str,
 ) -> RedisResult<i64> {
-    FAIR_LEAVE.run(conn, 4, |cmd| {
+    FAIR_LEAVE.run(conn, 6, |cmd| {
         cmd.arg(lock.name)
             .arg(lock.channel)
             .arg(fair_line_name(lock.name))
             .arg(fair_places_name(lock.name))
+            .arg(fair_deadlines_name(lock.name))
+            .arg(marker)
             .arg(lock.field)
-            .arg(publish);
+            .arg(publish)
+            .arg(marker_ms);
     })
+}
+
+/// The marker of one request of `field` to leave the line of fair lock
+/// `name` (redlease's own).
+pub(crate) fn fair_leave_name(name: &str, field: &str, n: u64) -> String {
+    request_key("redlease_fair_leave", name, field, n)
 }
 
 /// An error reply that says a script did not run there and then (its cache
@@ -781,6 +797,12 @@ pub(crate) fn fair_line_name(name: &str) -> String {
 /// `redisson_lock_timeout:{<name>}`).
 pub(crate) fn fair_places_name(name: &str) -> String {
     prefix_name("redisson_lock_timeout", name, 0)
+}
+
+/// redlease's deadlines of its waiters' places in the line of fair lock
+/// `name` (`redlease_fair_alive:{<name>}`: owner -> epoch ms).
+pub(crate) fn fair_deadlines_name(name: &str) -> String {
+    prefix_name("redlease_fair_alive", name, 0)
 }
 
 /// The channel of read-write lock `name` (Redisson's, for both locks).

@@ -415,7 +415,14 @@ impl Inner {
                 }
                 .run(conn)
                 .map(|r| r.unwrap_or(0)),
-                Lost::Leave => scripts::fair_leave(conn, u.lock_ref(), publish).map(|_| 0),
+                Lost::Leave => scripts::fair_leave(
+                    conn,
+                    u.lock_ref(),
+                    &u.key,
+                    scripts::LATE_REQUEST_WINDOW_MS,
+                    publish,
+                )
+                .map(|_| 0),
                 // Its latch lives the window: a copy may still arrive.
                 Lost::Permits { ref records, undo } => scripts::semaphore_release(
                     conn,

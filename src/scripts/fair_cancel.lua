@@ -2,7 +2,7 @@
 -- and the part above): the request also leaves the line, and if the lock is
 -- free then, the first waiter in line is woken.
 -- KEYS[1] lock hash   KEYS[2] release channel   KEYS[3] cancel marker
--- KEYS[4] the line    KEYS[5] the places
+-- KEYS[4] the line    KEYS[5] the places   KEYS[6] the deadlines
 -- ARGV[1] owner field ARGV[2] holds the owner had when it sent the request
 -- ARGV[3] lease in ms the remaining holds need   ARGV[4] marker TTL in ms
 -- ARGV[5] generation  ARGV[6] the publish command
@@ -11,7 +11,7 @@ if redis.call('exists', KEYS[3]) == 1 then
     return 0
 end
 redis.call('set', KEYS[3], 1, 'px', ARGV[4])
-leave_line(KEYS[4], KEYS[5], ARGV[1])
+leave_line(KEYS[4], KEYS[5], KEYS[6], ARGV[1])
 local held = tonumber(redis.call('hget', KEYS[1], ARGV[1]) or 0)
 local want = tonumber(ARGV[2])
 local undone = 0
@@ -25,6 +25,6 @@ if held > want then
     end
 end
 if redis.call('exists', KEYS[1]) == 0 then
-    wake_first(KEYS[4], KEYS[5], KEYS[2], ARGV[6])
+    wake_first(KEYS[4], KEYS[5], KEYS[6], KEYS[2], ARGV[6])
 end
 return undone

@@ -1,6 +1,6 @@
 -- Delete a fair lock whoever holds it and wake the first waiter in line.
 -- KEYS[1] lock hash   KEYS[2] release channel   KEYS[3] latch of this request
--- KEYS[4] the line    KEYS[5] the places
+-- KEYS[4] the line    KEYS[5] the places   KEYS[6] the deadlines
 -- ARGV[1] latch TTL in ms   ARGV[2] the publish command
 -- Returns 1 if a lock was deleted, else 0 (a retry returns the first answer).
 local done = redis.call('get', KEYS[3])
@@ -8,6 +8,6 @@ if done then
     return tonumber(done)
 end
 local deleted = redis.call('del', KEYS[1])
-wake_first(KEYS[4], KEYS[5], KEYS[2], ARGV[2])
+wake_first(KEYS[4], KEYS[5], KEYS[6], KEYS[2], ARGV[2])
 redis.call('set', KEYS[3], deleted, 'px', ARGV[1])
 return deleted

@@ -1,8 +1,9 @@
 -- The fair lock's part of release.lua (prepended to it, after fair_lib.lua):
--- KEYS[4] is the line and KEYS[5] the places, the unsettled keys start at
--- KEYS[6], and a full release tells only the first waiter in line.
-local FIRST_UNSETTLED = 6
+-- KEYS[4] is the line, KEYS[5] the places and KEYS[6] the deadlines, the
+-- unsettled keys start at KEYS[7], and a full release tells only the first
+-- waiter in line.
+local FIRST_UNSETTLED = 7
 local function wake_waiters()
-    wake_first(KEYS[4], KEYS[5], KEYS[2], ARGV[6])
+    wake_first(KEYS[4], KEYS[5], KEYS[6], KEYS[2], ARGV[6])
 end
 

@@ -445,3 +445,256 @@ fn waiters_survive_a_cut_subscriber_and_a_restart() {
         "the holder's lock went with the restart"
     );
 }
+
+// Found by an adversarial review; each failed before its fix.
+
+fn redisson_acquire(java: &mut redis::Connection, owner: &str) -> Option<i64> {
+    redis::cmd("EVAL")
+        .arg(REDISSON_ACQUIRE)
+        .arg(3)
+        .arg("fair")
+        .arg(LINE)
+        .arg(PLACES)
+        .arg(30_000)
+        .arg(owner)
+        .arg(300_000)
+        .arg(epoch_ms())
+        .query(java)
+        .expect("redisson acquire")
+}
+
+fn redisson_unlock(java: &mut redis::Connection, owner: &str) -> Option<i64> {
+    redis::cmd("EVAL")
+        .arg(REDISSON_UNLOCK)
+        .arg(4)
+        .arg("fair")
+        .arg(LINE)
+        .arg(PLACES)
+        .arg("redisson_lock__channel:{fair}")
+        .arg(0)
+        .arg(30_000)
+        .arg(owner)
+        .arg(epoch_ms())
+        .arg("publish")
+        .query(java)
+        .expect("redisson unlock")
+}
+
+/// A thread whose fair hold was lost (its lease ran out) and that asks for
+/// the lock again while another holds it takes a place in line like anyone
+/// else: it came before X, so it gets the lock before X (it used to wait
+/// without a place, for an empty line).
+#[test]
+fn a_thread_whose_hold_was_lost_waits_in_line() {
+    let srv = RedisServer::start();
+    let holder = client(&srv.url());
+    let t_client = client(&srv.url());
+    let x_client = client(&srv.url());
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let (tx, rx) = mpsc::channel();
+    let t_lock = t_client.fair_lock("fair");
+    let tx_t = tx.clone();
+    let t = thread::spawn(move || {
+        let old = t_lock
+            .lock_with_lease(Duration::from_millis(200))
+            .expect("lock");
+        go_rx.recv().expect("go");
+        let g = t_lock.try_lock_for(WAIT).expect("wait");
+        tx_t.send(("T", g.is_some())).expect("report");
+        thread::sleep(Duration::from_millis(100));
+        drop(g);
+        drop(old);
+    });
+    thread::sleep(Duration::from_millis(400));
+    let hg = holder.fair_lock("fair").lock().expect("holder");
+    go_tx.send(()).expect("go");
+    thread::sleep(Duration::from_secs(1));
+    let t_line = line(&srv);
+    let x_lock = x_client.fair_lock("fair");
+    let x = thread::spawn(move || {
+        let g = x_lock.try_lock_for(WAIT).expect("wait");
+        tx.send(("X", g.is_some())).expect("report");
+        thread::sleep(Duration::from_millis(100));
+        drop(g);
+    });
+    wait_until("X in line", WAIT, || line(&srv).len() == t_line.len() + 1);
+    drop(hg);
+    let first = rx.recv_timeout(WAIT).expect("first");
+    let second = rx.recv_timeout(WAIT).expect("second");
+    t.join().expect("t");
+    x.join().expect("x");
+    assert_eq!(
+        (t_line.len(), first.0, second.0),
+        (1, "T", "X"),
+        "T asked first; line when T waited: {t_line:?}"
+    );
+}
+
+/// A leave retried in the background (its reply was lost) spares the place
+/// the same thread took since in a new wait (it used to remove it).
+#[test]
+fn a_background_leave_spares_a_later_place() {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let c = Client::builder(proxy.url())
+        .response_timeout(Duration::from_millis(300))
+        .retry_attempts(0)
+        .build()
+        .expect("client");
+    let holder = client(&srv.url());
+    let hg = holder.fair_lock("fair").lock().expect("lock");
+    // The leave script (the only one with the channel right before the line).
+    proxy.add_rule(
+        b"redisson_lock__channel:{fair}\r\n$26\r\nredisson_lock_queue",
+        Fault::DropReply,
+        3,
+    );
+    let (tx, rx) = mpsc::channel();
+    let lock = c.fair_lock("fair");
+    let tx_t = tx.clone();
+    let t = thread::spawn(move || {
+        assert!(lock
+            .try_lock_for(Duration::from_millis(300))
+            .expect("first wait")
+            .is_none());
+        let g = lock.try_lock_for(WAIT).expect("second wait");
+        tx_t.send(("T", g.is_some())).expect("report");
+        thread::sleep(Duration::from_millis(100));
+        drop(g);
+    });
+    // T waits again (with a place); then X comes.
+    wait_until("T back in line", WAIT, || {
+        c.stats().unsettled_requests == 1 && line(&srv).len() == 1
+    });
+    let x_lock = client(&srv.url()).fair_lock("fair");
+    let x = thread::spawn(move || {
+        let g = x_lock.try_lock_for(WAIT).expect("wait");
+        tx.send(("X", g.is_some())).expect("report");
+        thread::sleep(Duration::from_millis(100));
+        drop(g);
+    });
+    wait_until("X in line", WAIT, || line(&srv).len() == 2);
+    let before = line(&srv);
+    wait_until("the old leave settled", WAIT, || {
+        c.stats().unsettled_requests == 0
+    });
+    let after = line(&srv);
+    drop(hg);
+    let first = rx.recv_timeout(WAIT).expect("first");
+    t.join().expect("t");
+    x.join().expect("x");
+    assert_eq!(
+        (after.first(), first.0),
+        (before.first(), "T"),
+        "line before the old leave ran {before:?}, after {after:?}"
+    );
+}
+
+/// A Redisson client that takes its turn (Redisson's acquire moves every
+/// place earlier by its wait, 5 min) does not throw the redlease waiters
+/// behind it out of the line: they keep their order and the first of them
+/// is told when Redisson unlocks (they used to be dropped).
+#[test]
+fn a_redisson_acquisition_keeps_redlease_waiters_in_line() {
+    let srv = RedisServer::start();
+    let mut java = srv.conn();
+    let holder = client(&srv.url());
+    let g = holder.fair_lock("fair").lock().expect("lock");
+    assert!(redisson_acquire(&mut java, JAVA).is_some_and(|t| t > 0));
+    let clients = [client(&srv.url()), client(&srv.url())];
+    let (tx, rx) = mpsc::channel();
+    let mut handles = Vec::new();
+    for i in 0..3 {
+        let lock: FairLock = clients[i % 2].fair_lock("fair");
+        let tx = tx.clone();
+        handles.push(thread::spawn(move || {
+            let g = lock.try_lock_for(WAIT).expect("wait").expect("its turn");
+            tx.send((i, Instant::now())).expect("report");
+            thread::sleep(Duration::from_millis(5));
+            drop(g);
+        }));
+        wait_until("in line", WAIT, || line(&srv).len() == i + 2);
+    }
+    let told = srv.listen(&format!("redisson_lock__channel:{{fair}}:{JAVA}"));
+    drop(g);
+    told.recv_timeout(WAIT).expect("Redisson told");
+    assert_eq!(redisson_acquire(&mut java, JAVA), None, "Redisson's turn");
+    let before = line(&srv);
+    thread::sleep(Duration::from_millis(100));
+    let released = Instant::now();
+    assert_eq!(redisson_unlock(&mut java, JAVA), Some(1));
+    let after = line(&srv);
+    let got: Vec<(usize, Instant)> = (0..3)
+        .map(|_| rx.recv_timeout(WAIT).expect("turn"))
+        .collect();
+    for h in handles {
+        h.join().expect("waiter");
+    }
+    let order: Vec<usize> = got.iter().map(|g| g.0).collect();
+    let handoff = got[0].1.duration_since(released);
+    eprintln!("figure: line {before:?} -> {after:?}; order {order:?}; hand-off {handoff:?}");
+    assert_eq!(after, before, "the waiters kept their places");
+    assert_eq!(order, vec![0, 1, 2], "arrival order");
+    assert!(
+        handoff < Duration::from_millis(500),
+        "told, not found ({handoff:?})"
+    );
+}
+
+/// A live waiter whose tries are answered slowly (but within the client's
+/// response timeout) keeps its place: the place outlives the longest gap
+/// between two of its tries (with a 6 s response timeout it used not to).
+#[test]
+fn a_slow_but_live_waiter_keeps_its_place() {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let slow = Client::builder(proxy.url())
+        .response_timeout(Duration::from_secs(6))
+        .build()
+        .expect("client");
+    let holder = client(&srv.url());
+    let hg = holder.fair_lock("fair").lock().expect("lock");
+    let (tx, rx) = mpsc::channel();
+    let a_lock = slow.fair_lock("fair");
+    let tx_a = tx.clone();
+    let a = thread::spawn(move || {
+        let g = a_lock.try_lock_for(WAIT).expect("wait");
+        tx_a.send(("A", g.is_some())).expect("report");
+        drop(g);
+    });
+    wait_until("A in line", WAIT, || line(&srv).len() == 1);
+    let a_owner = line(&srv)[0].clone();
+    // Redis answers A's tries 4.5 s late (well within its 6 s timeout).
+    proxy.add_rule(
+        b"redisson_lock_timeout:{fair}",
+        Fault::DelayReply(Duration::from_millis(4500)),
+        3,
+    );
+    let b_lock = client(&srv.url()).fair_lock("fair");
+    let b = thread::spawn(move || {
+        let g = b_lock.try_lock_for(WAIT).expect("wait");
+        tx.send(("B", g.is_some())).expect("report");
+        drop(g);
+    });
+    wait_until("B in line", WAIT, || line(&srv).len() == 2);
+    // Others try now and then (each try prunes a head whose place ran out).
+    let other = client(&srv.url()).fair_lock("fair");
+    let mut lost_at = None;
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(14) {
+        assert!(other.try_lock().expect("try").is_none());
+        if lost_at.is_none() && line(&srv).first() != Some(&a_owner) {
+            lost_at = Some(t0.elapsed());
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    drop(hg);
+    let first = rx.recv_timeout(WAIT).expect("first");
+    a.join().expect("a");
+    b.join().expect("b");
+    assert_eq!(
+        (lost_at, first.0),
+        (None, "A"),
+        "A lost the head of the line at {lost_at:?}"
+    );
+}
