@@ -424,6 +424,10 @@ fn waiters_survive_a_cut_subscriber_and_a_restart() {
     let holder = client(&srv.url());
     let g = holder.fair_lock("fair").lock().expect("lock");
     let (rx, handles) = waiters_in_line(&srv, 1, Duration::ZERO);
+    wait_until("the waiter to subscribe to its channel", WAIT, || {
+        !srv.cmd(&["PUBSUB", "CHANNELS", "redisson_lock__channel:{fair}:*"])
+            .is_empty()
+    });
     assert!(srv.client_kill_type("pubsub") >= 1, "the subscriber cut");
     drop(g);
     assert_eq!(rx.recv_timeout(WAIT).expect("its turn after the cut"), 0);
