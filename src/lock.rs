@@ -94,6 +94,9 @@ pub(crate) struct Terms {
     pub(crate) renew: Option<Duration>,
     /// A fair lock's waiter: how long its place in line is kept (0: none).
     pub(crate) place_ms: u64,
+    /// A fair lock's waiter's first try of a wait: it queues at the end
+    /// (a place left from an earlier wait goes).
+    pub(crate) requeue: bool,
 }
 
 /// An acquire request made ready: what [`Lock::prepare`] decided before
@@ -108,6 +111,8 @@ pub(crate) struct Request {
     writer: String,
     /// A fair lock's waiter: how long its place in line is kept.
     place_ms: u64,
+    /// A fair lock's waiter's first try.
+    requeue: bool,
     /// Holds the owner had when the request was made.
     held: u32,
     watched: bool,
@@ -513,6 +518,7 @@ impl Lock {
             lease_ms: duration_ms(lease),
             renew: Some(interval),
             place_ms: 0,
+            requeue: false,
         })
     }
 
@@ -523,6 +529,7 @@ impl Lock {
             lease_ms: duration_ms(lease),
             renew: None,
             place_ms: 0,
+            requeue: false,
         })
     }
 
@@ -556,7 +563,11 @@ impl Lock {
         let response_ms = duration_ms(self.client.shared.response_timeout);
         let place_ms =
             duration_ms(FAIR_PLACE).max(duration_ms(FAIR_RECHECK) + 2 * response_ms + 1000);
-        let terms = Terms { place_ms, ..*terms };
+        let mut terms = Terms {
+            place_ms,
+            requeue: true,
+            ..*terms
+        };
         let mut place = Place {
             lock: self,
             field,
@@ -568,7 +579,10 @@ impl Lock {
             ..self.waiters()
         };
         let got = waiters.acquire(wait.deadline(), || {
-            Ok(match self.attempt_synced(&terms)? {
+            let tried = self.attempt_synced(&terms)?;
+            // Queued at the end once; later tries keep the place.
+            terms.requeue = false;
+            Ok(match tried {
                 Attempt::Busy(hint) => {
                     Attempt::Busy(Some(hint.map_or(FAIR_RECHECK, |h| h.min(FAIR_RECHECK))))
                 }
@@ -674,6 +688,7 @@ impl Lock {
             prefix,
             writer,
             place_ms: terms.place_ms,
+            requeue: terms.requeue,
             held,
             watched,
             lease_ms,
@@ -713,6 +728,7 @@ impl Lock {
             prefix: &r.prefix,
             writer: &r.writer,
             place_ms: r.place_ms,
+            requeue: r.requeue,
         }
     }
 

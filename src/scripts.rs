@@ -185,6 +185,8 @@ pub(crate) struct Acquire<'a> {
     /// A fair lock's waiter: how long its place in line is kept (0: a
     /// single try, no place).
     pub(crate) place_ms: u64,
+    /// A fair lock's waiter's first try: it queues at the end.
+    pub(crate) requeue: bool,
 }
 
 impl Acquire<'_> {
@@ -202,7 +204,8 @@ impl Acquire<'_> {
                 .arg(self.lock.field)
                 .arg(self.count)
                 .arg(self.gen)
-                .arg(self.place_ms);
+                .arg(self.place_ms)
+                .arg(if self.requeue { "1" } else { "0" });
             if !self.unsettled.is_empty() {
                 cmd.arg(LATE_REQUEST_WINDOW_MS);
             }

@@ -456,6 +456,12 @@ impl Inner {
             let result = result.map(|(applied, _)| applied);
             match result {
                 Ok(applied) => {
+                    if let (Lost::Acquire { .. }, Some(h), 2) = (&u.kind, &hold, applied) {
+                        self.lose(
+                            h,
+                            "a hold key of it ran out before a lost re-entry was undone",
+                        );
+                    }
                     if let (Lost::Acquire { held, lease_ms }, Some(h), Some(epoch), 1) =
                         (&u.kind, &hold, epoch, applied)
                     {

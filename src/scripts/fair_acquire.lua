@@ -8,21 +8,23 @@
 -- ARGV[1] lease in ms     ARGV[2] owner field   ARGV[3] hold count after it
 -- ARGV[4] generation      ARGV[5] how long to keep the place, ms (0: do not
 --         queue, a single try; a place this owner still has goes)
--- ARGV[6] TTL in ms of the keys in KEYS[6..] (given only with them)
+-- ARGV[6] '1' for the first try of a wait: a place this owner still has
+--         from an earlier wait goes, and it queues at the end
+-- ARGV[7] TTL in ms of the keys in KEYS[6..] (given only with them)
 -- Returns nil when acquired, -3 when cancelled already, -4 when the caller
 -- believes it holds the lock but its field is gone, else the holder's PTTL
 -- (-2 when the lock is free but another waiter is first in line).
 for i = 6, #KEYS do
-    redis.call('set', KEYS[i], 1, 'px', ARGV[6])
+    redis.call('set', KEYS[i], 1, 'px', ARGV[7])
 end
 if redis.call('exists', KEYS[2]) == 1 then
     return -3
 end
 local now = now_ms()
 local keep = tonumber(ARGV[5])
-if keep == 0 then
-    -- A single try: this owner waits nowhere (a place left from an
-    -- earlier wait whose leave did not get through goes).
+if keep == 0 or ARGV[6] == '1' then
+    -- A single try, or a new wait: a place left from an earlier wait
+    -- (whose leave did not get through) goes; a new wait queues at the end.
     leave_line(KEYS[3], KEYS[4], KEYS[5], ARGV[2])
 end
 local first = first_in_line(KEYS[3], KEYS[4], KEYS[5], now)

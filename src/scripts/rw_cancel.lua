@@ -5,7 +5,8 @@
 -- ARGV[3] lease in ms the remaining holds need   ARGV[4] marker TTL in ms
 -- ARGV[5] generation  ARGV[6] the publish command
 -- ARGV[7] a reader's hold-key prefix, '' for a writer   ARGV[8] {<name>}
--- Returns 1 if an acquisition was undone, 0 if there was none.
+-- Returns 1 if an acquisition was undone, 0 if there was none, 2 if the
+-- holds it would leave are gone (one of their keys has expired).
 if redis.call('exists', KEYS[3]) == 1 then
     return 0
 end
@@ -16,8 +17,10 @@ if held <= want then
     return 0
 end
 if want > 0 then
-    -- A hold key gone already: the next renewal finds the hold gone.
-    keep_holds(KEYS[1], ARGV[1], held, want, ARGV[5], ARGV[3], ARGV[7], ARGV[8])
+    -- A hold key gone already: the remaining holds are gone (2).
+    if not keep_holds(KEYS[1], ARGV[1], held, want, ARGV[5], ARGV[3], ARGV[7], ARGV[8]) then
+        return 2
+    end
 else
     drop_holds(KEYS[1], KEYS[2], ARGV[1], held, ARGV[7], ARGV[8], ARGV[6])
 end

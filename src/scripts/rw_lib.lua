@@ -59,8 +59,9 @@ end
 -- Removes every hold of `field` (a writer when `prefix` is '') and what kept
 -- them. Then: nothing else held -> the hash goes and waiters are told ('1',
 -- wake all, for a writer; '0' for a reader, as Redisson); a writer whose
--- thread still reads -> mode 'read' (a downgrade) and every waiter is told
--- ('1': readers may enter; Redisson publishes nothing here); readers left ->
+-- thread still reads -> mode 'read' (a downgrade; the hash goes if those
+-- read holds' keys have all expired) and every waiter is told ('1': readers
+-- may enter; Redisson publishes nothing here); readers left ->
 -- the hash lives as long as the longest live read hold, and goes (waking a
 -- waiter) if none lives: the remaining readers are dead holders. The
 -- message goes out before any change, so a user whose ACL lacks the channel
@@ -76,11 +77,14 @@ local function drop_holds(name, channel, field, held, prefix, base, publish)
         redis.call('del', name)
     elseif writer and mode == 'write' then
         redis.call(publish, channel, 1)
-        redis.call('hdel', name, field, field .. ':gen')
-        redis.call('hset', name, 'mode', 'read')
         ttl = readers_ttl(name, base, field)
         if ttl > 0 then
+            redis.call('hdel', name, field, field .. ':gen')
+            redis.call('hset', name, 'mode', 'read')
             redis.call('pexpire', name, ttl)
+        else
+            -- The thread's read holds are gone too (their keys expired).
+            redis.call('del', name)
         end
     elseif mode == 'read' then
         ttl = readers_ttl(name, base, field)

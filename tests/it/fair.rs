@@ -637,7 +637,11 @@ fn a_redisson_acquisition_keeps_redlease_waiters_in_line() {
     let order: Vec<usize> = got.iter().map(|g| g.0).collect();
     let handoff = got[0].1.duration_since(released);
     eprintln!("figure: line {before:?} -> {after:?}; order {order:?}; hand-off {handoff:?}");
-    assert_eq!(after, before, "the waiters kept their places");
+    // The first may have its turn already: the line is the same but for it.
+    assert!(
+        before.ends_with(&after) && before.len() - after.len() <= 1,
+        "the waiters kept their places"
+    );
     assert_eq!(order, vec![0, 1, 2], "arrival order");
     assert!(
         handoff < Duration::from_millis(500),
@@ -700,5 +704,71 @@ fn a_slow_but_live_waiter_keeps_its_place() {
         (lost_at, first.0),
         (None, "A"),
         "A lost the head of the line at {lost_at:?}"
+    );
+}
+
+// Found by a second review.
+
+fn sha1_hex(src: &str) -> String {
+    redis::Script::new(src).get_hash().to_owned()
+}
+
+/// A waiter gave up (its deadline) but its leave did not get through; it
+/// waits again before the background leave ran. Its new wait queues at the
+/// end (its next try sets the leave's marker, so the leave never runs, and
+/// the old place used to be kept: it was served before a waiter that
+/// queued while it was gone).
+#[test]
+fn a_waiter_that_gave_up_does_not_keep_its_old_place() {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let a = Client::builder(proxy.url())
+        .response_timeout(Duration::from_millis(300))
+        .retry_attempts(0)
+        .build()
+        .expect("client");
+    let h = Client::open(srv.url()).expect("client");
+    let c = Client::open(srv.url()).expect("client");
+    let held = h.fair_lock("f").lock().expect("holder");
+    let leave_sha = sha1_hex(concat!(
+        include_str!("../../src/scripts/fair_lib.lua"),
+        include_str!("../../src/scripts/fair_leave.lua")
+    ));
+    let hole = proxy.add_rule(leave_sha.as_bytes(), Fault::BlackHole, usize::MAX);
+    let fa = a.fair_lock("f");
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let (gave_up_tx, gave_up_rx) = std::sync::mpsc::channel::<()>();
+    // One thread: gives up, then (after C queued) waits again.
+    let a_waits = std::thread::spawn(move || {
+        assert!(fa
+            .try_lock_for(Duration::from_millis(200))
+            .expect("wait")
+            .is_none());
+        gave_up_tx.send(()).expect("send");
+        go_rx.recv().expect("go");
+        let g = fa.try_lock_for(WAIT).expect("a waits");
+        (g.is_some(), Instant::now())
+    });
+    gave_up_rx.recv().expect("gave up");
+    proxy.wait_hits(hole, 1, WAIT);
+    // C queues while A is away.
+    let c_waits = std::thread::spawn(move || {
+        let g = c.fair_lock("f").try_lock_for(WAIT).expect("c waits");
+        (g.is_some(), Instant::now())
+    });
+    wait_until("C in line", WAIT, || {
+        srv.cmd(&["LLEN", "redisson_lock_queue:{f}"]) == "2"
+    });
+    go_tx.send(()).expect("go");
+    std::thread::sleep(Duration::from_millis(500));
+    let line = srv.cmd(&["LRANGE", "redisson_lock_queue:{f}", "0", "-1"]);
+    proxy.remove_rule(hole);
+    drop(held);
+    let (c_got, c_at) = c_waits.join().expect("c");
+    let (a_got, a_at) = a_waits.join().expect("a");
+    assert!(c_got && a_got);
+    assert!(
+        c_at < a_at,
+        "A, who gave up and came back after C queued, was served first (line: {line:?})"
     );
 }

@@ -280,7 +280,14 @@ fn renewals_of_every_kind_share_one_round_trip() {
     let trips = after.renewal_round_trips - before.renewal_round_trips;
     assert!(batches >= 3, "renewed ({batches} batches)");
     assert_eq!(trips, batches, "one round trip per batch");
-    assert_eq!(after.renewals - before.renewals, 4 * batches);
+    // Every 300 ms each: at least 4 renewals each in 2 s (holds taken far
+    // enough apart on a loaded machine fall due in separate batches, so a
+    // batch may renew fewer than four).
+    let renewals = after.renewals - before.renewals;
+    assert!(
+        renewals >= 16 && renewals <= 4 * batches,
+        "{renewals} renewals"
+    );
     assert_eq!(after.locks_lost, 0);
 }
 
@@ -693,4 +700,59 @@ fn readers_survive_a_cut_subscriber_and_a_restart() {
             "{fault}"
         );
     }
+}
+
+// Found by a second review.
+
+/// A lost read re-entry whose undo runs after the reader's hold keys ran
+/// out (another reader kept the hash alive): the hold is found lost (the
+/// undo used to answer "undone", and the guard's bound was raised again).
+#[test]
+fn late_undo_of_a_read_reentry_does_not_revive_an_expired_hold() {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let a = Client::builder(proxy.url())
+        .response_timeout(Duration::from_millis(300))
+        .retry_attempts(0)
+        .build()
+        .expect("client");
+    let b = Client::open(srv.url()).expect("client");
+    let b_read = b.read_write_lock("rw").read_lock().lock().expect("b reads");
+    let rw = a.read_write_lock("rw");
+    let lease = Duration::from_millis(1500);
+    let g1 = rw
+        .read_lock()
+        .try_lock_with_lease(Duration::ZERO, lease)
+        .expect("read")
+        .expect("free for readers");
+    // The re-entry runs, its reply is lost; its undo is held back.
+    proxy.add_rule(b"rwlock_timeout", Fault::DropReply, 1);
+    let hole = proxy.add_rule(b"redlease_acquire_cancel", Fault::BlackHole, usize::MAX);
+    let t1 = Instant::now();
+    assert!(rw
+        .read_lock()
+        .try_lock_with_lease(Duration::ZERO, lease)
+        .is_err());
+    proxy.wait_hits(hole, 1, WAIT);
+    // Every hold key of A runs out (the hash lives: B renews it).
+    std::thread::sleep(
+        (t1 + lease + Duration::from_millis(300)).saturating_duration_since(Instant::now()),
+    );
+    assert!(g1.ensure_held().is_err(), "past its lease");
+    proxy.remove_rule(hole);
+    wait_until("the undo to run", WAIT, || {
+        a.stats().unsettled_requests == 0
+    });
+    let revived = g1.ensure_held().is_ok();
+    // B leaves: A's keys are dead, so the hash goes and a writer gets in.
+    drop(b_read);
+    let w = b
+        .read_write_lock("rw")
+        .write_lock()
+        .try_lock()
+        .expect("try");
+    assert!(
+        !(revived && w.is_some() && g1.ensure_held().is_ok()),
+        "A's read guard says held while B holds the write lock"
+    );
 }
