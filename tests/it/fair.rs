@@ -554,6 +554,8 @@ fn a_background_leave_spares_a_later_place() {
         3,
     );
     let (tx, rx) = mpsc::channel();
+    let (gave_up_tx, gave_up_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
     let lock = c.fair_lock("fair");
     let tx_t = tx.clone();
     let t = thread::spawn(move || {
@@ -561,14 +563,26 @@ fn a_background_leave_spares_a_later_place() {
             .try_lock_for(Duration::from_millis(300))
             .expect("first wait")
             .is_none());
+        gave_up_tx.send(()).expect("gave up");
+        go_rx.recv().expect("go");
         let g = lock.try_lock_for(WAIT).expect("second wait");
         tx_t.send(("T", g.is_some())).expect("report");
         thread::sleep(Duration::from_millis(100));
         drop(g);
     });
-    // T waits again (with a place); then X comes.
+    gave_up_rx.recv_timeout(WAIT).expect("T gave up");
+    // T's old place is still there (its leave was lost); T waits again:
+    // its first try renews its deadline.
+    let deadline = || -> u64 {
+        let owner = line(&srv).first().cloned().unwrap_or_default();
+        srv.cmd(&["HGET", "redlease_fair_alive:{fair}", &owner])
+            .parse()
+            .unwrap_or(0)
+    };
+    let old = deadline();
+    go_tx.send(()).expect("go");
     wait_until("T back in line", WAIT, || {
-        c.stats().unsettled_requests == 1 && line(&srv).len() == 1
+        line(&srv).len() == 1 && deadline() > old
     });
     let x_lock = client(&srv.url()).fair_lock("fair");
     let x = thread::spawn(move || {
