@@ -7,8 +7,9 @@
 //! clients on the same name share them. Waiting is the lock's loop
 //! ([`Waiters`]): a message wakes this process's waiters of the name, each
 //! tries for what it needs, and a wait never lasts past
-//! [`PERMIT_RECHECK`] (or, for expirable permits, the next expiry) without a
-//! try, so a missed message delays an acquisition but never hangs it.
+//! [`PERMIT_RECHECK`] without a try (an expirable semaphore's waiter tries
+//! sooner when the next permit out expires sooner), so a missed message
+//! delays an acquisition but never hangs it.
 //!
 //! Exactly once: every acquisition records what it took (a field of
 //! redlease's `redlease_semaphore_permits:{<name>}` hash, or the permit's id
