@@ -349,6 +349,8 @@ pub(crate) struct Unsettled {
     /// When the request was sent.
     pub(crate) sent: Instant,
     done: AtomicBool,
+    /// Not handed to the watchdog yet (see [`defer_settle`]).
+    deferred: AtomicBool,
 }
 
 /// What an [`Unsettled`] request was.
@@ -397,6 +399,7 @@ impl Unsettled {
             hold: hold.map(Arc::downgrade),
             sent,
             done: AtomicBool::new(false),
+            deferred: AtomicBool::new(false),
         }
     }
 
@@ -438,6 +441,27 @@ pub(crate) fn settle_later(shared: &Shared, request: Unsettled) {
     let request = Arc::new(request);
     add_pending(shared.id, &request);
     shared.watchdog.settle_later(request);
+}
+
+/// Has this thread's next operations on its lock mark `request` done first,
+/// but leaves it unsettled until [`settle_deferred`]: a fair lock's waiter
+/// whose try failed tries again within the same wait, and that try settles
+/// it (an undo run meanwhile would take the waiter out of the line).
+pub(crate) fn defer_settle(shared: &Shared, request: Unsettled) {
+    request.deferred.store(true, Ordering::Release);
+    add_pending(shared.id, &Arc::new(request));
+}
+
+/// Settles in the background the requests of this thread under `slot`
+/// whose settling was deferred ([`defer_settle`]) and that no later
+/// operation settled: the wait they belonged to ended without the lock.
+pub(crate) fn settle_deferred(shared: &Shared, slot: &str) {
+    let (_, pending) = owner_state(shared.id, slot);
+    for request in pending {
+        if request.deferred.swap(false, Ordering::AcqRel) && !request.is_done() {
+            shared.watchdog.settle_later(request);
+        }
+    }
 }
 
 /// The keys of `requests`, as the scripts take them.

@@ -8,8 +8,8 @@ use crate::client::Client;
 use crate::connection::Synced;
 use crate::error::{Error, Result};
 use crate::guard::{
-    insert_hold, keys, owner_state, settle, settle_later, slot_key, Hold, LockGuard, Lost,
-    Unsettled,
+    defer_settle, insert_hold, keys, owner_state, settle, settle_deferred, settle_later, slot_key,
+    Hold, LockGuard, Lost, Unsettled,
 };
 use crate::pubsub::{Subscription, WakeRule};
 use crate::router::Router;
@@ -760,6 +760,8 @@ impl Lock {
         reply: Result<(AcquireReply, Synced)>,
     ) -> Result<Attempt<LockGuard>> {
         let shared = &self.client.shared;
+        // A fair lock's waiter, whose wait goes on after a failed try.
+        let in_line = r.place_ms > 0;
         let Request {
             existing,
             pending,
@@ -804,7 +806,13 @@ impl Lock {
                         lease_ms: restore_ms,
                     };
                     let request = Unsettled::new(lock, r.marker, kind, existing.as_ref(), sent);
-                    settle_later(shared, request);
+                    if in_line {
+                        // The wait goes on: its next try settles it (see
+                        // `Place`, which settles it if the wait ends).
+                        defer_settle(shared, request);
+                    } else {
+                        settle_later(shared, request);
+                    }
                 } else if let Some(h) = &existing {
                     h.aborted();
                 }
@@ -922,17 +930,20 @@ struct Place<'a> {
 
 impl Drop for Place<'_> {
     fn drop(&mut self) {
+        let lock = self.lock;
+        let shared = &lock.client.shared;
         if self.taken {
+            // The try that took the lock settled the failed tries before it.
             return;
         }
-        let lock = self.lock;
+        // Failed tries of this wait whose undo waited for a next try.
+        settle_deferred(shared, &lock.slot);
         let lock_ref = LockRef {
             name: &lock.name,
             channel: &lock.channel,
             field: &self.field,
             kind: lock.kind,
         };
-        let shared = &lock.client.shared;
         let publish = lock.router().publish_command();
         let marker = scripts::fair_leave_name(&lock.name, &self.field, shared.next_request());
         let sent = Instant::now();

@@ -45,6 +45,10 @@ if redis.call('exists', KEYS[1]) == 0 and (not first or first == ARGV[2]) then
 end
 if keep > 0 then
     redis.call('hset', KEYS[5], ARGV[2], string.format('%d', now + keep))
+    -- Entries a Redisson client pruned (it does not know this hash) go with
+    -- the hash once no redlease waiter has renewed a place for that long.
+    local ttl = redis.call('pttl', KEYS[5])
+    redis.call('pexpire', KEYS[5], math.max(ttl, keep + REDISSON_WAIT))
     local score = string.format('%d', now + keep + REDISSON_WAIT)
     if redis.call('zadd', KEYS[4], score, ARGV[2]) == 1 then
         redis.call('lrem', KEYS[3], 0, ARGV[2])

@@ -39,6 +39,34 @@ impl Drop for SentinelProc {
     }
 }
 
+/// Starts a sentinel monitoring the master at 127.0.0.1:`mport` as
+/// [`MASTER`] with `quorum`, plus `extra` configuration lines.
+fn spawn_sentinel(mport: &str, quorum: u32, extra: &str) -> SentinelProc {
+    let port = free_port();
+    let dir = std::env::temp_dir().join(format!("redlease-sentinel-{}-{port}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("sentinel.conf");
+    fs::write(
+        &conf,
+        format!(
+            "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {d}\nlogfile {d}/sentinel.log\n\
+             sentinel monitor {MASTER} 127.0.0.1 {mport} {quorum}\n{extra}",
+            d = dir.display()
+        ),
+    )
+    .unwrap();
+    let child = Command::new(redis_server_path())
+        .arg(&conf)
+        .arg("--sentinel")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start a sentinel");
+    SentinelProc { port, dir, child }
+}
+
 /// The sentinels' `requirepass`, when the group is started with auth.
 const SENTINEL_PW: &str = "sentpw";
 
@@ -136,44 +164,25 @@ impl Group {
                 assert_eq!(n.cmd(&args), "OK");
             }
         }
-        let mut sentinels = Vec::new();
-        for i in 0..3 {
-            let port = free_port();
-            let dir = std::env::temp_dir().join(format!(
-                "redlease-sentinel-{}-{port}-{i}",
-                std::process::id()
-            ));
-            let _ = fs::remove_dir_all(&dir);
-            fs::create_dir_all(&dir).unwrap();
-            let conf = dir.join("sentinel.conf");
-            fs::write(
-                &conf,
-                format!(
-                    "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {d}\nlogfile {d}/sentinel.log\n\
-                     sentinel monitor {MASTER} 127.0.0.1 {mport} 2\n\
-                     sentinel down-after-milliseconds {MASTER} {}\n\
-                     sentinel failover-timeout {MASTER} 2000\n\
-                     sentinel parallel-syncs {MASTER} 2\n{}",
-                    DOWN_AFTER.as_millis(),
-                    if auth {
-                        format!("requirepass {SENTINEL_PW}\nsentinel sentinel-pass {SENTINEL_PW}\n")
-                    } else {
-                        String::new()
-                    },
-                    d = dir.display()
-                ),
-            )
-            .unwrap();
-            let child = Command::new(redis_server_path())
-                .arg(&conf)
-                .arg("--sentinel")
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("start a sentinel");
-            sentinels.push(SentinelProc { port, dir, child });
-        }
+        let auth_conf = if auth {
+            format!("requirepass {SENTINEL_PW}\nsentinel sentinel-pass {SENTINEL_PW}\n")
+        } else {
+            String::new()
+        };
+        let sentinels = (0..3)
+            .map(|_| {
+                spawn_sentinel(
+                    &mport,
+                    2,
+                    &format!(
+                        "sentinel down-after-milliseconds {MASTER} {}\n\
+                         sentinel failover-timeout {MASTER} 2000\n\
+                         sentinel parallel-syncs {MASTER} 2\n{auth_conf}",
+                        DOWN_AFTER.as_millis()
+                    ),
+                )
+            })
+            .collect();
         let group = Group {
             auth,
             sentinels,
@@ -525,4 +534,80 @@ fn a_silent_sentinel_is_skipped() {
         started.elapsed()
     );
     c.lock("silent").lock().unwrap().unlock().unwrap();
+}
+
+/// A fair lock's waiter behind a Sentinel whose try times out tries again
+/// within the same wait (the router rides out what looks like a failover)
+/// and keeps its place: the undo of the timed-out try waits for the next
+/// try instead of running at once and taking the waiter out of the line
+/// (found by a review: the waiter used to end up behind one that came
+/// after it).
+#[test]
+fn a_fair_waiter_keeps_its_place_through_a_timed_out_try() {
+    let srv = RedisServer::start();
+    let proxy = crate::support::Proxy::start(srv.addr());
+    let sentinel = spawn_sentinel(
+        &proxy.port().to_string(),
+        1,
+        &format!("sentinel down-after-milliseconds {MASTER} 60000\n"),
+    );
+    wait_until("the sentinel to answer", Duration::from_secs(10), || {
+        matches!(
+            sentinel_cmd(
+                sentinel.port,
+                false,
+                &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER]
+            ),
+            Some(Resp::Array(Some(_)))
+        )
+    });
+    let line = || -> Vec<String> {
+        srv.cmd(&["LRANGE", "redisson_lock_queue:{fair}", "0", "-1"])
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    let a = Client::sentinel_builder([format!("redis://127.0.0.1:{}/", sentinel.port)], MASTER)
+        .response_timeout(Duration::from_millis(500))
+        .connection_timeout(Duration::from_millis(500))
+        .sync_replicas(0, Duration::ZERO)
+        .build()
+        .expect("a client through the sentinel");
+    let holder = Client::open(srv.url()).expect("client");
+    let b = Client::open(srv.url()).expect("client");
+    let held = holder.fair_lock("fair").lock().expect("lock");
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let spawn = |c: Client, tag: &'static str| {
+        let order = std::sync::Arc::clone(&order);
+        thread::spawn(move || {
+            let g = c
+                .fair_lock("fair")
+                .try_lock_for(Duration::from_secs(30))
+                .expect("wait")
+                .expect("its turn");
+            order.lock().unwrap().push(tag);
+            thread::sleep(Duration::from_millis(100));
+            drop(g);
+        })
+    };
+    let ta = spawn(a, "A");
+    wait_until("A in line", Duration::from_secs(10), || line().len() == 1);
+    let tb = spawn(b, "B");
+    wait_until("B in line", Duration::from_secs(10), || line().len() == 2);
+    let before = line();
+    // A's next try (within 2 s) gets its reply after A's response timeout.
+    let rule = proxy.add_rule(
+        b"fair",
+        crate::support::Fault::DelayReply(Duration::from_millis(1500)),
+        1,
+    );
+    proxy.wait_hits(rule, 1, Duration::from_secs(10));
+    thread::sleep(Duration::from_millis(2500));
+    let after = line();
+    drop(held);
+    ta.join().expect("A");
+    tb.join().expect("B");
+    assert_eq!(after, before, "A kept its place");
+    assert_eq!(*order.lock().unwrap(), vec!["A", "B"]);
 }
