@@ -37,6 +37,16 @@ pub fn client(url: &str, response_timeout: Duration) -> Client {
         .expect("build client")
 }
 
+/// A client whose replies time out after 300 ms and that never resends a
+/// request on a new connection: a reply a proxy rule drops is a lost
+/// reply, at once.
+pub fn impatient(url: &str) -> Client {
+    builder(url, Duration::from_millis(300))
+        .retry_attempts(0)
+        .build()
+        .expect("build client")
+}
+
 /// Runs `f` and returns its result and how long it took.
 pub fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
     let t = Instant::now();

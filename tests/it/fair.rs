@@ -254,11 +254,7 @@ fn a_crashed_waiter_holds_up_the_line_for_seconds() {
 fn a_lost_reply_leaves_neither_a_hold_nor_a_place() {
     let srv = RedisServer::start();
     let proxy = Proxy::start(srv.addr());
-    let c = Client::builder(proxy.url())
-        .response_timeout(Duration::from_millis(300))
-        .retry_attempts(0)
-        .build()
-        .expect("client");
+    let c = crate::faults_common::impatient(&proxy.url());
     let holder = client(&srv.url());
     let g = holder.fair_lock("fair").lock().expect("lock");
     // A waiting acquisition whose reply is lost: the caller gets an error,
@@ -540,11 +536,7 @@ fn a_thread_whose_hold_was_lost_waits_in_line() {
 fn a_background_leave_spares_a_later_place() {
     let srv = RedisServer::start();
     let proxy = Proxy::start(srv.addr());
-    let c = Client::builder(proxy.url())
-        .response_timeout(Duration::from_millis(300))
-        .retry_attempts(0)
-        .build()
-        .expect("client");
+    let c = crate::faults_common::impatient(&proxy.url());
     let holder = client(&srv.url());
     let hg = holder.fair_lock("fair").lock().expect("lock");
     // The leave script (the only one with the channel right before the line).
@@ -736,11 +728,7 @@ fn sha1_hex(src: &str) -> String {
 fn a_waiter_that_gave_up_does_not_keep_its_old_place() {
     let srv = RedisServer::start();
     let proxy = Proxy::start(srv.addr());
-    let a = Client::builder(proxy.url())
-        .response_timeout(Duration::from_millis(300))
-        .retry_attempts(0)
-        .build()
-        .expect("client");
+    let a = crate::faults_common::impatient(&proxy.url());
     let h = Client::open(srv.url()).expect("client");
     let c = Client::open(srv.url()).expect("client");
     let held = h.fair_lock("f").lock().expect("holder");

@@ -131,11 +131,7 @@ fn redisson_fenced_lock_shares_the_token() {
 fn a_lost_reply_does_not_make_tokens_go_back() {
     let srv = RedisServer::start();
     let proxy = Proxy::start(srv.addr());
-    let c = Client::builder(proxy.url())
-        .response_timeout(Duration::from_millis(300))
-        .retry_attempts(0)
-        .build()
-        .expect("client");
+    let c = crate::faults_common::impatient(&proxy.url());
     let g = c.fenced_lock("ledger").lock().expect("lock");
     let t1 = g.token().expect("token");
     g.unlock().expect("unlock");

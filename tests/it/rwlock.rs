@@ -309,11 +309,7 @@ fn renewals_of_every_kind_share_one_round_trip() {
 fn lost_replies_leave_no_hold_behind() {
     let srv = RedisServer::start();
     let proxy = Proxy::start(srv.addr());
-    let c = Client::builder(proxy.url())
-        .response_timeout(Duration::from_millis(300))
-        .retry_attempts(0)
-        .build()
-        .expect("client");
+    let c = crate::faults_common::impatient(&proxy.url());
     let rw = c.read_write_lock("rw");
     // A read acquisition whose reply is lost: undone, its hold key too.
     proxy.add_rule(b"rwlock_timeout", Fault::DropReply, 1);
@@ -643,11 +639,7 @@ fn plain_renewal_never_shortens_an_explicit_reentry() {
 fn a_lost_downgrade_reply_is_completed() {
     let srv = RedisServer::start();
     let proxy = Proxy::start(srv.addr());
-    let a = Client::builder(proxy.url())
-        .response_timeout(Duration::from_millis(300))
-        .retry_attempts(0)
-        .build()
-        .expect("client");
+    let a = crate::faults_common::impatient(&proxy.url());
     let b = client(&srv.url());
     let rw = a.read_write_lock("rw");
     let w = rw.write_lock().lock().expect("write");
@@ -725,11 +717,7 @@ fn readers_survive_a_cut_subscriber_and_a_restart() {
 fn late_undo_of_a_read_reentry_does_not_revive_an_expired_hold() {
     let srv = RedisServer::start();
     let proxy = Proxy::start(srv.addr());
-    let a = Client::builder(proxy.url())
-        .response_timeout(Duration::from_millis(300))
-        .retry_attempts(0)
-        .build()
-        .expect("client");
+    let a = crate::faults_common::impatient(&proxy.url());
     let b = Client::open(srv.url()).expect("client");
     let b_read = b.read_write_lock("rw").read_lock().lock().expect("b reads");
     let rw = a.read_write_lock("rw");

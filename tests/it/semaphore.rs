@@ -19,14 +19,7 @@ fn client(url: &str) -> Client {
     Client::open(url).expect("client")
 }
 
-/// A client whose replies time out fast, without retries (for lost replies).
-fn impatient(url: &str) -> Client {
-    Client::builder(url)
-        .response_timeout(Duration::from_millis(300))
-        .retry_attempts(0)
-        .build()
-        .expect("client")
-}
+use crate::faults_common::impatient;
 
 fn available(srv: &RedisServer, name: &str) -> i64 {
     srv.cmd(&["GET", name]).parse().unwrap_or(0)
