@@ -407,6 +407,18 @@ impl Unsettled {
         self.done.load(Ordering::Acquire)
     }
 
+    /// For semaphore permits: the semaphore's records or set of permits
+    /// out, what the acquisition holds there, and whether it is an undo.
+    pub(crate) fn permits(&self) -> Option<(&str, scripts::Held<'_>, bool)> {
+        match &self.kind {
+            Lost::Permits { records, undo } => {
+                Some((records, scripts::Held::Record(&self.field), *undo))
+            }
+            Lost::Permit { out, id, undo } => Some((out, scripts::Held::Permit(id), *undo)),
+            _ => None,
+        }
+    }
+
     /// The request has run once, or can no longer run: its hold is no
     /// longer busy with it.
     pub(crate) fn set_done(&self) {

@@ -73,9 +73,22 @@ lua!(SEMAPHORE_RELEASE, "scripts/semaphore_release.lua");
 lua!(SEMAPHORE_ADD, "scripts/semaphore_add.lua");
 lua!(SEMAPHORE_SET, "scripts/semaphore_set.lua");
 lua!(SEMAPHORE_DRAIN, "scripts/semaphore_drain.lua");
-lua!(PERMIT_ACQUIRE, "scripts/permit_acquire.lua");
-lua!(PERMIT_RELEASE, "scripts/permit_release.lua");
-lua!(PERMIT_LEASE, "scripts/permit_lease.lua");
+// The permit-expirable semaphore's scripts share permit_lib.lua.
+lua!(
+    PERMIT_ACQUIRE,
+    "scripts/permit_lib.lua",
+    "scripts/permit_acquire.lua"
+);
+lua!(
+    PERMIT_RELEASE,
+    "scripts/permit_lib.lua",
+    "scripts/permit_release.lua"
+);
+lua!(
+    PERMIT_LEASE,
+    "scripts/permit_lib.lua",
+    "scripts/permit_lease.lua"
+);
 // The watchdog pipelines this one itself (see `watchdog::renew_batch`).
 lua!(pub(crate) RENEW, "scripts/renew.lua");
 
@@ -481,28 +494,49 @@ pub(crate) fn semaphore_acquire(
     })
 }
 
-/// semaphore_release.lua: returns the permits recorded under `field` (1,
-/// also when `latch` says an earlier copy did), or finds none (0); `undo`
-/// sets the acquisition's cancel marker first. The latch lives `latch_ms`.
-pub(crate) fn semaphore_release(
+/// Returns what one acquisition of semaphore `sem` holds, once whatever the
+/// number of copies (`latch`, living `latch_ms`, answers the copies after
+/// the first); `undo` (an acquisition whose reply was lost) sets its cancel
+/// marker first. `held` is the permit record's field (semaphore_release.lua:
+/// 1 returned, also by an earlier copy; 0 no record) or the permit's id
+/// (permit_release.lua: 1 released, 2 released after its lease ran out, 0
+/// not out).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn return_permits(
     conn: &mut crate::transport::Connection,
     sem: SemaphoreRef<'_>,
-    field: &str,
+    held: Held<'_>,
     latch: &str,
     undo: Option<&str>,
     latch_ms: u64,
     publish: &str,
 ) -> RedisResult<i64> {
-    SEMAPHORE_RELEASE.run(conn, 4 + usize::from(undo.is_some()), |cmd| {
+    let script = match held {
+        Held::Record(_) => &SEMAPHORE_RELEASE,
+        Held::Permit(_) => &PERMIT_RELEASE,
+    };
+    script.run(conn, 4 + usize::from(undo.is_some()), |cmd| {
         cmd.arg(sem.name).arg(sem.channel).arg(sem.book).arg(latch);
         if let Some(marker) = undo {
             cmd.arg(marker);
         }
-        cmd.arg(field).arg(publish).arg(latch_ms);
+        match held {
+            Held::Record(field) => cmd.arg(field),
+            Held::Permit(id) => cmd.arg(id),
+        };
+        cmd.arg(publish).arg(latch_ms);
         if undo.is_some() {
             cmd.arg(LATE_REQUEST_WINDOW_MS);
         }
     })
+}
+
+/// What one acquisition of a semaphore holds: the field of its record in
+/// the semaphore's records, or an expirable semaphore's permit id (raw).
+#[derive(Clone, Copy)]
+pub(crate) enum Held<'a> {
+    Record(&'a str),
+    Permit(&'a [u8]),
 }
 
 /// What a semaphore's counting script does.
@@ -554,30 +588,6 @@ pub(crate) fn permit_acquire(
             .arg(lease_ms)
             .arg(id)
             .arg(publish);
-    })
-}
-
-/// permit_release.lua: 1 released, 2 released after its lease ran out, 0 not
-/// out (a copy finds the first copy's answer in `latch`); `undo` sets the
-/// acquisition's cancel marker first. The latch lives `latch_ms`.
-pub(crate) fn permit_release(
-    conn: &mut crate::transport::Connection,
-    sem: SemaphoreRef<'_>,
-    id: &[u8],
-    latch: &str,
-    undo: Option<&str>,
-    latch_ms: u64,
-    publish: &str,
-) -> RedisResult<i64> {
-    PERMIT_RELEASE.run(conn, 4 + usize::from(undo.is_some()), |cmd| {
-        cmd.arg(sem.name).arg(sem.book).arg(sem.channel).arg(latch);
-        if let Some(marker) = undo {
-            cmd.arg(marker);
-        }
-        cmd.arg(id).arg(publish).arg(latch_ms);
-        if undo.is_some() {
-            cmd.arg(LATE_REQUEST_WINDOW_MS);
-        }
     })
 }
 

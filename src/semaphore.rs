@@ -213,13 +213,12 @@ impl Names {
             ),
         };
         let sent = Instant::now();
-        let reply = self.router().run(&self.name, |conn| match held {
-            Held::Record(field) => {
-                scripts::semaphore_release(conn, self.sem(), field, &latch, None, latch_ms, publish)
-            }
-            Held::Permit(raw, _) => {
-                scripts::permit_release(conn, self.sem(), raw, &latch, None, latch_ms, publish)
-            }
+        let what = match held {
+            Held::Record(field) => scripts::Held::Record(field),
+            Held::Permit(raw, _) => scripts::Held::Permit(raw),
+        };
+        let reply = self.router().run(&self.name, |conn| {
+            scripts::return_permits(conn, self.sem(), what, &latch, None, latch_ms, publish)
         });
         match reply {
             Ok(1) => Ok(()),
@@ -745,10 +744,10 @@ impl ExpirableSemaphore {
         let latch =
             scripts::permit_latch_name(&names.name, &hex(&raw), names.shared().next_request());
         let n = names.router().run(&names.name, |conn| {
-            scripts::permit_release(
+            scripts::return_permits(
                 conn,
                 names.sem(),
-                &raw,
+                scripts::Held::Permit(&raw),
                 &latch,
                 None,
                 names.shared().latch_ttl_ms,

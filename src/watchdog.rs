@@ -424,33 +424,26 @@ impl Inner {
                 )
                 .map(|_| 0),
                 // Its latch lives the window: a copy may still arrive.
-                Lost::Permits { ref records, undo } => scripts::semaphore_release(
-                    conn,
-                    scripts::SemaphoreRef {
+                Lost::Permits { .. } | Lost::Permit { .. } => {
+                    let Some((book, held, undo)) = u.permits() else {
+                        return Ok(0);
+                    };
+                    let sem = scripts::SemaphoreRef {
                         name: &u.name,
                         channel: &u.channel,
-                        book: records,
-                    },
-                    &u.field,
-                    &permits_latch(&u.key, undo),
-                    undo.then_some(u.key.as_str()),
-                    scripts::LATE_REQUEST_WINDOW_MS,
-                    publish,
-                ),
-                Lost::Permit { ref out, id, undo } => scripts::permit_release(
-                    conn,
-                    scripts::SemaphoreRef {
-                        name: &u.name,
-                        channel: &u.channel,
-                        book: out,
-                    },
-                    &id,
-                    &permits_latch(&u.key, undo),
-                    undo.then_some(u.key.as_str()),
-                    scripts::LATE_REQUEST_WINDOW_MS,
-                    publish,
-                )
-                .map(|r| i64::from(r != 0)),
+                        book,
+                    };
+                    scripts::return_permits(
+                        conn,
+                        sem,
+                        held,
+                        &permits_latch(&u.key, undo),
+                        undo.then_some(u.key.as_str()),
+                        scripts::LATE_REQUEST_WINDOW_MS,
+                        publish,
+                    )
+                    .map(|r| i64::from(r != 0))
+                }
             });
             // Replica sync is best effort here: the request ran on the master.
             let result = result.map(|(applied, _)| applied);

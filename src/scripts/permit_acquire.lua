@@ -1,8 +1,5 @@
--- Take one permit of a permit-expirable semaphore (Redisson
--- RPermitExpirableSemaphore layout): <name> holds the permits available,
--- {<name>}:timeout is a sorted set of the permits out (member: the permit's
--- 16-byte id; score: its expiry, epoch ms). Expired permits are counted back
--- first. Time is Redis's own (TIME), so clients' clocks do not matter.
+-- Take one permit of a permit-expirable semaphore (see the part above).
+-- Expired permits are counted back first.
 -- KEYS[1] the semaphore   KEYS[2] its permits out   KEYS[3] its channel
 -- KEYS[4] this request's cancel marker (set by the undo of a lost reply)
 -- ARGV[1] the lease in ms ARGV[2] the permit's id   ARGV[3] the publish command
@@ -10,10 +7,6 @@
 -- permit is out), -3 when the request was cancelled already, -2
 -- when none is available and none out will expire, else the ms until the
 -- first permit out expires.
-local function now_ms()
-    local t = redis.call('time')
-    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
 if redis.call('exists', KEYS[4]) == 1 then
     return -3
 end
@@ -21,15 +14,7 @@ if redis.call('zscore', KEYS[2], ARGV[2]) then
     return -1
 end
 local now = now_ms()
-local expired = redis.call('zrangebyscore', KEYS[2], 0, now, 'limit', 0, 1000)
-if #expired > 0 then
-    local total = tonumber(redis.call('get', KEYS[1]) or 0) + #expired
-    if total > 0 then
-        redis.call(ARGV[3], KEYS[3], total)
-    end
-    redis.call('zrem', KEYS[2], unpack(expired))
-    redis.call('incrby', KEYS[1], #expired)
-end
+reclaim(KEYS[1], KEYS[2], KEYS[3], ARGV[3], now)
 local available = tonumber(redis.call('get', KEYS[1]) or 0)
 if available >= 1 then
     redis.call('decrby', KEYS[1], 1)

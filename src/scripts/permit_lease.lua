@@ -1,21 +1,13 @@
--- A permit-expirable semaphore's housekeeping: count expired permits back,
+-- A permit-expirable semaphore's housekeeping (see the part above): count
+-- expired permits back,
 -- then either set one permit's new lease or read the permits available.
 -- KEYS[1] the semaphore   KEYS[2] its permits out   KEYS[3] its channel
 -- ARGV[1] the publish command
 -- ARGV[2], ARGV[3] (lease update only) the permit's id, its new lease in ms
 -- Returns, for a lease update, 1 if set or 0 if the permit is not out (its
 -- lease had run out, or it was released); else the permits available.
-local t = redis.call('time')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local expired = redis.call('zrangebyscore', KEYS[2], 0, now, 'limit', 0, 1000)
-if #expired > 0 then
-    local total = tonumber(redis.call('get', KEYS[1]) or 0) + #expired
-    if total > 0 then
-        redis.call(ARGV[1], KEYS[3], total)
-    end
-    redis.call('zrem', KEYS[2], unpack(expired))
-    redis.call('incrby', KEYS[1], #expired)
-end
+local now = now_ms()
+reclaim(KEYS[1], KEYS[2], KEYS[3], ARGV[1], now)
 if ARGV[2] then
     if not redis.call('zscore', KEYS[2], ARGV[2]) then
         return 0

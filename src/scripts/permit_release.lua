@@ -2,7 +2,8 @@
 -- undo of an acquisition whose reply was lost. Runs once whatever the number
 -- of copies: the permit leaves the set with the first, and its latch
 -- answers the copies that follow while it lives.
--- KEYS[1] the semaphore   KEYS[2] its permits out   KEYS[3] its channel
+-- KEYS[1] the semaphore   KEYS[2] its channel   KEYS[3] its permits out
+-- (the order of semaphore_release.lua)
 -- KEYS[4] this release's latch
 -- KEYS[5] undo only: the request's cancel marker, set first so that a copy
 --         of the acquisition still on its way can no longer apply
@@ -17,17 +18,16 @@ local done = redis.call('get', KEYS[4])
 if done then
     return tonumber(done)
 end
-local expiry = redis.call('zscore', KEYS[2], ARGV[1])
+local expiry = redis.call('zscore', KEYS[3], ARGV[1])
 if not expiry then
     return 0
 end
-local t = redis.call('time')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local total = tonumber(redis.call('get', KEYS[1]) or 0) + 1
 if total > 0 then
-    redis.call(ARGV[2], KEYS[3], total)
+    redis.call(ARGV[2], KEYS[2], total)
 end
-redis.call('zrem', KEYS[2], ARGV[1])
+redis.call('zrem', KEYS[3], ARGV[1])
 redis.call('incrby', KEYS[1], 1)
 local result = 1
 if tonumber(expiry) <= now then

@@ -457,7 +457,10 @@ fn a_lost_expirable_acquire_reply_leaves_no_permit_out() {
         available(&srv, "slots") == 1 && c.stats().unsettled_requests == 0
     });
     assert_eq!(srv.cmd(&["ZCARD", "{slots}:timeout"]), "0");
-    let release = sha(include_str!("../../src/scripts/permit_release.lua"));
+    let release = sha(concat!(
+        include_str!("../../src/scripts/permit_lib.lua"),
+        include_str!("../../src/scripts/permit_release.lua")
+    ));
     let p = sem
         .try_acquire(Duration::from_secs(600))
         .expect("try")
@@ -654,7 +657,10 @@ fn unconfirmed_expirable_acquisition_leaves_no_permit_out() {
         sem.try_acquire(Duration::from_secs(60))
             .is_ok_and(|p| p.is_some_and(|p| p.release().is_ok()))
     });
-    let undo = sha(include_str!("../../src/scripts/permit_release.lua"));
+    let undo = sha(concat!(
+        include_str!("../../src/scripts/permit_lib.lua"),
+        include_str!("../../src/scripts/permit_release.lua")
+    ));
     proxy.add_rule(
         undo.as_bytes(),
         Fault::DelayRequest(Duration::from_secs(1)),

@@ -1,0 +1,25 @@
+-- Shared by the permit-expirable semaphore's scripts (prepended to each).
+-- Redisson's RPermitExpirableSemaphore layout: <name> holds the permits
+-- available, {<name>}:timeout the permits out (member: the permit's 16-byte
+-- id; score: its expiry, epoch ms). Time is Redis's own clock (TIME), so
+-- clients' clocks do not matter among redlease clients.
+
+local function now_ms()
+    local t = redis.call('time')
+    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Counts permits whose lease ran out back (up to 1000 a call) and tells
+-- the waiters the new total when there is one to take.
+local function reclaim(name, out, channel, publish, now)
+    local expired = redis.call('zrangebyscore', out, 0, now, 'limit', 0, 1000)
+    if #expired > 0 then
+        local total = tonumber(redis.call('get', name) or 0) + #expired
+        if total > 0 then
+            redis.call(publish, channel, total)
+        end
+        redis.call('zrem', out, unpack(expired))
+        redis.call('incrby', name, #expired)
+    end
+end
+
