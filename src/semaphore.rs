@@ -846,7 +846,11 @@ impl ExpirableSemaphore {
                 sem: self.clone(),
                 id: id.clone(),
                 raw,
-                valid_until: Mutex::new(deadline(sent, lease_ms)),
+                lease: Mutex::new(PermitLease {
+                    valid_until: deadline(sent, lease_ms),
+                    in_flight: 0,
+                    overlapped: false,
+                }),
                 done: false,
             },
             // The ms until the first permit out expires (-2: none will),
@@ -907,6 +911,16 @@ fn parse_id(id: &str) -> Result<[u8; 16]> {
     Ok(raw)
 }
 
+/// What a [`Permit`] knows of its lease.
+struct PermitLease {
+    /// Until when the permit is known to be out.
+    valid_until: Instant,
+    /// Lease updates under way.
+    in_flight: u32,
+    /// Some of them overlapped.
+    overlapped: bool,
+}
+
 /// A permit of an [`ExpirableSemaphore`]: it comes back when released (by
 /// this guard, on drop, or by id) or when its lease runs out.
 ///
@@ -916,7 +930,7 @@ pub struct Permit {
     sem: ExpirableSemaphore,
     id: String,
     raw: [u8; 16],
-    valid_until: Mutex<Instant>,
+    lease: Mutex<PermitLease>,
     done: bool,
 }
 
@@ -932,7 +946,7 @@ impl Permit {
     /// from when the request that set it was sent.
     #[must_use]
     pub fn valid_until(&self) -> Instant {
-        *self.valid_until.lock()
+        self.lease.lock().valid_until
     }
 
     /// `true` once the permit's lease has passed (it may be counted back
@@ -958,14 +972,27 @@ impl Permit {
         let sent = Instant::now();
         {
             // Until the reply: either lease may be the one in Redis.
-            let mut until = self.valid_until.lock();
-            *until = (*until).min(deadline(sent, lease_ms));
+            let mut st = self.lease.lock();
+            st.valid_until = st.valid_until.min(deadline(sent, lease_ms));
+            st.in_flight += 1;
+            st.overlapped |= st.in_flight > 1;
         }
-        let n = names.router().run(&names.name, |conn| {
+        let result = names.router().run(&names.name, |conn| {
             scripts::permit_lease(conn, names.sem(), Some((&self.raw, lease_ms)), publish)
-        })?;
+        });
+        let mut st = self.lease.lock();
+        st.in_flight -= 1;
+        // Updates from several threads at once may have run in another
+        // order than their replies came: the bound stays at the shortest.
+        let alone = !st.overlapped;
+        if st.in_flight == 0 {
+            st.overlapped = false;
+        }
+        let n = result?;
         if n == 1 {
-            *self.valid_until.lock() = deadline(sent, lease_ms);
+            if alone {
+                st.valid_until = deadline(sent, lease_ms);
+            }
             Ok(())
         } else {
             Err(Error::PermitLost {
