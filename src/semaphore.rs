@@ -147,8 +147,9 @@ impl Names {
         let code = match self.router().run_synced(&self.name, run) {
             Ok((-1, Synced::No { wanted, acked })) => {
                 // Taken, but too few replicas confirmed it: a failover could
-                // hand the permits out again. Undo it.
-                shared.watchdog.settle_later(Arc::new(undo()));
+                // hand the permits out again. Undo it now (so that a retry
+                // finds them back), or in the background if that fails.
+                self.undo_now(undo());
                 return Err(Error::ReplicaSync {
                     name: self.name.clone(),
                     wanted,
@@ -172,6 +173,34 @@ impl Names {
             -3 => Attempt::Busy(Some(Duration::ZERO)),
             code => Attempt::Busy(hint(code)),
         })
+    }
+
+    /// Runs the undo of an acquisition that ran now (one round trip);
+    /// settles it in the background if that fails.
+    fn undo_now(&self, undo: Unsettled) {
+        let done = undo.permits().map(|(book, held, _)| {
+            let sem = SemaphoreRef {
+                name: &self.name,
+                channel: &self.channel,
+                book,
+            };
+            let latch = format!("{}:undo", undo.key);
+            let publish = self.router().publish_command();
+            self.router().run(&self.name, |conn| {
+                scripts::return_permits(
+                    conn,
+                    sem,
+                    held,
+                    &latch,
+                    Some(&undo.key),
+                    self.shared().latch_ttl_ms,
+                    publish,
+                )
+            })
+        });
+        if !matches!(done, Some(Ok(_))) {
+            self.shared().watchdog.settle_later(Arc::new(undo));
+        }
     }
 
     /// `try_once` (a new request each time), tried again (up to the
