@@ -354,13 +354,16 @@ pub struct ClientStats {
     pub locks_lost: u64,
     /// Locks the watchdog is renewing.
     pub watchdog_entries: usize,
-    /// Release channels with at least one waiter in this process.
+    /// Channels with at least one waiter in this process (release channels
+    /// of every kind, a fair lock's waiters' own channels, semaphore and
+    /// latch channels).
     pub subscribed_channels: usize,
     /// Times the subscriber connection was re-established.
     pub subscriber_reconnects: u64,
     /// Requests whose reply was lost (or that Redis refused for a passing
     /// reason) that the watchdog thread has not settled yet: acquisitions
-    /// to undo, releases to complete. Usually 0.
+    /// to undo, releases to complete, semaphore permits to return, fair lock
+    /// places to leave. Usually 0.
     pub unsettled_requests: u64,
 }
 

@@ -663,7 +663,8 @@ impl Redis {
     /// `retry_attempts` times, all within one response timeout of the first
     /// attempt (each retry's checkout and socket timeouts are cut to what is
     /// left): every operation of redlease is safe to repeat (see the
-    /// scripts). Timeouts are not retried, and waiting for a pooled connection
+    /// scripts), or is sent at most once ([`send_once`]: the counters of the
+    /// semaphores and the latch). Timeouts are not retried, and waiting for a pooled connection
     /// is bounded by the smaller of the connection and response timeouts, so
     /// a stalled server (which accepts connections but never answers) holds a
     /// call for about one response timeout.
@@ -857,4 +858,28 @@ pub(crate) fn fan_out(jobs: &[Job<'_>]) -> Vec<Replies> {
         }
     }
     results
+}
+
+/// `op`, not sent again once a copy may have run: after a failure on the
+/// connection (no reply) a resend on a new connection is refused (the
+/// caller is told of the first failure); a resend after a redirection
+/// (`MOVED`, `ASK`: it did not run) goes ahead. For the scripts that are not
+/// idempotent (the semaphores' counting scripts, the latch's).
+pub(crate) fn send_once<T>(
+    mut op: impl FnMut(&mut crate::transport::Connection) -> redis::RedisResult<T>,
+) -> impl FnMut(&mut crate::transport::Connection) -> redis::RedisResult<T> {
+    let mut may_have_run = false;
+    move |conn| {
+        if may_have_run {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "not sent again: the first copy may have run",
+            )));
+        }
+        let result = op(conn);
+        if let Err(e) = &result {
+            may_have_run = crate::error::is_io_failure(e);
+        }
+        result
+    }
 }

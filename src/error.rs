@@ -68,10 +68,10 @@ pub enum Error {
         name: String,
     },
     /// Semaphore permits were no longer out when released or renewed: the
-    /// permit's lease ran out (a [`Permit`](crate::Permit) of an
-    /// [`ExpirableSemaphore`](crate::ExpirableSemaphore), counted back since),
-    /// or the semaphore was deleted. More permits than were set may have
-    /// been out meanwhile.
+    /// semaphore was deleted, or the lease of a [`Permit`](crate::Permit) of
+    /// an [`ExpirableSemaphore`](crate::ExpirableSemaphore) ran out (it was
+    /// counted back by then, or by this release; or it was released by id).
+    /// More permits than were set may have been out meanwhile.
     PermitLost {
         /// The semaphore's name.
         name: String,
@@ -294,9 +294,10 @@ impl fmt::Display for Error {
             ),
             Error::PermitLost { name } => write!(
                 f,
-                "semaphore {name:?}: the permit is no longer out (its lease ran out or the \
-                 semaphore was deleted); do not act on what it protected, acquire again (and \
-                 give permits a longer lease, or renew it with update_lease)"
+                "semaphore {name:?}: the permits are no longer out (the semaphore was deleted, \
+                 or an expirable permit's lease ran out and it was counted back, by then or \
+                 by this release); do not act on what they protected, acquire again (for \
+                 expirable permits: a longer lease, or update_lease in time)"
             ),
             Error::NoQuorum {
                 name,

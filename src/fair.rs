@@ -19,9 +19,10 @@ use crate::scripts::Kind;
 /// waits on its own channel (`redisson_lock__channel:{<name>}:<owner>`); a
 /// release tells only the first waiter in line, so the hand-off wakes one
 /// thread in all. A waiter keeps its place by trying again at least every
-/// 2 s, and a place not kept for [`FAIR_PLACE`](crate::FAIR_PLACE) (8 s)
-/// is dropped when it comes first: a waiter that crashed holds up the line
-/// for seconds, not the 5 minutes per waiter of Redisson's default. A
+/// 2 s, and a place not kept for [`FAIR_PLACE`](crate::FAIR_PLACE) (8 s,
+/// more with a response timeout above 2.5 s) is dropped when it comes first:
+/// a waiter that crashed holds up the line for seconds, not the 5 minutes
+/// per waiter of Redisson's default. A
 /// waiter that gives up (its deadline passed, an error, a panic) leaves the
 /// line at once. `try_lock` never takes a place: it gets the lock only when
 /// it is free and nobody waits.
@@ -82,7 +83,8 @@ impl FairLock {
         self.lock.is_locked()
     }
 
-    /// How many waiters are in line (places not yet dropped).
+    /// How many waiters are in line (places not yet dropped: a crashed
+    /// waiter's place counts until it comes first and is found expired).
     ///
     /// # Errors
     ///

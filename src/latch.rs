@@ -5,6 +5,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::client::Client;
+use crate::connection::send_once;
 use crate::error::{Error, Result};
 use crate::guard::far_future;
 use crate::pubsub::{Subscription, Wake, WakeRule};
@@ -82,9 +83,11 @@ impl CountDownLatch {
     fn run(&self, op: LatchOp) -> Result<i64> {
         self.check_name()?;
         let publish = self.router().publish_command();
-        self.router().run(&self.name, |conn| {
-            scripts::latch(conn, op, &self.name, &self.channel, publish)
-        })
+        // Not idempotent (as Redisson's): never resent after it may have run.
+        self.router().run(
+            &self.name,
+            send_once(|conn| scripts::latch(conn, op, &self.name, &self.channel, publish)),
+        )
     }
 
     /// Sets the count to `count` if the latch does not exist; `false` if it
@@ -109,8 +112,10 @@ impl CountDownLatch {
     ///
     /// # Errors
     ///
-    /// A Redis or pool error (the count-down may have happened: it is not
-    /// idempotent, as in Redisson).
+    /// [`Error::InvalidArgument`] for a bad name (as for
+    /// [`count`](Self::count)); a Redis or pool error: the count-down may
+    /// have happened (it is not idempotent, as in Redisson; it is never
+    /// sent twice).
     pub fn count_down(&self) -> Result<u64> {
         Ok(u64::try_from(self.run(LatchOp::CountDown)?).unwrap_or(0))
     }
@@ -119,7 +124,9 @@ impl CountDownLatch {
     ///
     /// # Errors
     ///
-    /// A Redis or pool error.
+    /// [`Error::InvalidArgument`] for an empty name (or, on a Redis Cluster,
+    /// one whose key and channel would be in different slots); a Redis or
+    /// pool error.
     pub fn count(&self) -> Result<u64> {
         self.check_name()?;
         let n: Option<i64> = self
@@ -133,7 +140,9 @@ impl CountDownLatch {
     ///
     /// # Errors
     ///
-    /// A Redis or pool error.
+    /// [`Error::InvalidArgument`] for an empty name (or, on a Redis Cluster,
+    /// one whose key and channel would be in different slots); a Redis or
+    /// pool error.
     pub fn delete(&self) -> Result<bool> {
         Ok(self.run(LatchOp::Delete)? == 1)
     }
@@ -143,7 +152,9 @@ impl CountDownLatch {
     ///
     /// # Errors
     ///
-    /// A Redis or pool error, or Redis refusing the subscription.
+    /// [`Error::InvalidArgument`] for a bad name (as for
+    /// [`count`](Self::count)); a Redis or pool error, or Redis refusing
+    /// the subscription.
     pub fn wait(&self) -> Result<()> {
         self.wait_until(None).map(|_| ())
     }

@@ -31,10 +31,11 @@ pub const MAX_LEASE: Duration = Duration::from_millis(1 << 53);
 const NO_TTL_RECHECK: Duration = Duration::from_secs(1);
 
 /// How long a fair lock's waiter keeps its place in line without renewing
-/// it: a waiter that crashed holds up the line at most this long (longer
-/// only with a response timeout above 2.5 s: then 2 s plus two response
-/// timeouts plus 1 s, so that a live waiter with slow replies keeps its
-/// place).
+/// it (longer only with a response timeout above 2.5 s: then 2 s plus two
+/// response timeouts plus 1 s, so that a live waiter with slow replies keeps
+/// its place). A waiter that crashed holds up the line about this long after
+/// its last renewal, plus up to the next waiter's 2 s re-check (its place is
+/// dropped when it comes first).
 pub const FAIR_PLACE: Duration = Duration::from_secs(8);
 
 /// How often a fair lock's waiter tries again without a message, renewing
@@ -993,11 +994,13 @@ macro_rules! acquire_methods {
             self.lock.try_lock()
         }
 
-        #[doc = concat!("Takes the ", $kind, " lock, waiting at most `wait`.")]
+        #[doc = concat!("Takes the ", $kind, " lock, waiting at most `wait` (a `wait` too large to represent means no deadline).")]
         ///
         /// # Errors
         ///
-        /// As for [`Lock::lock`].
+        /// As for [`Lock::lock`]; for a write lock also as for
+        /// [`WriteLock::lock`](crate::WriteLock::lock) when there is no
+        /// deadline (an upgrade would wait forever).
         pub fn try_lock_for(&self, wait: Duration) -> Result<Option<LockGuard>> {
             self.lock.try_lock_for(wait)
         }
@@ -1015,7 +1018,9 @@ macro_rules! acquire_methods {
         ///
         /// # Errors
         ///
-        /// As for [`Lock::lock_with_lease`].
+        /// As for [`Lock::lock_with_lease`]; for a write lock also as for
+        /// [`WriteLock::lock`](crate::WriteLock::lock) when `wait` is too
+        /// large to have a deadline.
         pub fn try_lock_with_lease(
             &self,
             wait: Duration,

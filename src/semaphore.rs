@@ -5,7 +5,7 @@
 //! Both kinds count the permits available in the string integer at `<name>`
 //! and publish on `redisson_sc:{<name>}` when permits come back, so Redisson
 //! clients on the same name share them. Waiting is the lock's loop
-//! ([`Waiters`]): a message wakes this process's waiters of the name, each
+//! (`waiting::Waiters`): a message wakes this process's waiters of the name, each
 //! tries for what it needs, and a wait never lasts past
 //! [`PERMIT_RECHECK`] without a try (an expirable semaphore's waiter tries
 //! sooner when the next permit out expires sooner), so a missed message
@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::client::{Client, Shared};
-use crate::connection::Synced;
+use crate::connection::{send_once, Synced};
 use crate::error::{Error, Result};
 use crate::guard::{deadline, Lost, Unsettled};
 use crate::lock::{check_lease, check_name, duration_ms};
@@ -102,7 +102,7 @@ impl Names {
         // Not idempotent (as Redisson's, which sends them without retry).
         self.router().run(
             &self.name,
-            once(|conn| scripts::permits(conn, self.sem(), op, publish)),
+            send_once(|conn| scripts::permits(conn, self.sem(), op, publish)),
         )
     }
 
@@ -276,30 +276,6 @@ impl Names {
     }
 }
 
-/// `op`, not sent again once a copy may have run: after a failure on the
-/// connection (no reply) a resend on a new connection is refused (the
-/// caller is told of the first failure); a resend after a redirection
-/// (`MOVED`, `ASK`: it did not run) goes ahead. For the scripts that are not
-/// idempotent.
-fn once<T>(
-    mut op: impl FnMut(&mut crate::transport::Connection) -> redis::RedisResult<T>,
-) -> impl FnMut(&mut crate::transport::Connection) -> redis::RedisResult<T> {
-    let mut may_have_run = false;
-    move |conn| {
-        if may_have_run {
-            return Err(redis::RedisError::from((
-                redis::ErrorKind::Client,
-                "not sent again: the first copy may have run",
-            )));
-        }
-        let result = op(conn);
-        if let Err(e) = &result {
-            may_have_run = crate::error::is_io_failure(e);
-        }
-        result
-    }
-}
-
 fn check_count(what: &str, n: u64) -> Result<()> {
     if n > MAX_PERMITS {
         return Err(Error::invalid(format!(
@@ -391,7 +367,8 @@ impl Semaphore {
     ///
     /// # Errors
     ///
-    /// A Redis or pool error.
+    /// [`Error::InvalidArgument`] for an empty name (or, on a Redis Cluster,
+    /// one whose keys would span slots); a Redis or pool error.
     pub fn available_permits(&self) -> Result<i64> {
         self.names.get()
     }
@@ -401,7 +378,8 @@ impl Semaphore {
     ///
     /// # Errors
     ///
-    /// A Redis or pool error.
+    /// [`Error::InvalidArgument`] for an empty name (or, on a Redis Cluster,
+    /// one whose keys would span slots); a Redis or pool error.
     pub fn drain_permits(&self) -> Result<u64> {
         let n = self.names.permits(PermitsOp::Drain)?;
         Ok(n.unsigned_abs())
@@ -427,7 +405,8 @@ impl Semaphore {
     ///
     /// # Errors
     ///
-    /// A Redis or pool error.
+    /// [`Error::InvalidArgument`] for an empty name (or, on a Redis Cluster,
+    /// one whose keys would span slots); a Redis or pool error.
     pub fn delete(&self) -> Result<bool> {
         self.names.delete()
     }
@@ -746,7 +725,8 @@ impl ExpirableSemaphore {
     ///
     /// # Errors
     ///
-    /// A Redis or pool error.
+    /// [`Error::InvalidArgument`] for an empty name (or, on a Redis Cluster,
+    /// one whose keys would span slots); a Redis or pool error.
     pub fn available_permits(&self) -> Result<i64> {
         self.names.check()?;
         let names = &self.names;
@@ -757,9 +737,12 @@ impl ExpirableSemaphore {
     }
 
     /// Releases the permit with id `id` (32 hex digits, as
-    /// [`Permit::id`] gives); `true` if it was out and is now returned,
+    /// [`Permit::id`] gives); `true` if it was out and is now returned
+    /// (also when its lease had run out but it was not counted back yet),
     /// `false` if it was not out (released already, or counted back after
-    /// its lease ran out). Idempotent: safe to retry after an error.
+    /// its lease ran out). Idempotent: safe to retry after an error, which
+    /// returns the permit once (the retry answers `false` if the first call
+    /// had returned it).
     ///
     /// # Errors
     ///
@@ -791,7 +774,8 @@ impl ExpirableSemaphore {
     ///
     /// # Errors
     ///
-    /// A Redis or pool error.
+    /// [`Error::InvalidArgument`] for an empty name (or, on a Redis Cluster,
+    /// one whose keys would span slots); a Redis or pool error.
     pub fn delete(&self) -> Result<bool> {
         self.names.delete()
     }
@@ -990,7 +974,8 @@ impl Permit {
     /// # Errors
     ///
     /// [`Error::PermitLost`] if the permit is no longer out (its lease ran
-    /// out first); [`Error::InvalidArgument`] for a lease out of range; a
+    /// out first, it was released by id, or the semaphore was deleted);
+    /// [`Error::InvalidArgument`] for a lease out of range; a
     /// Redis or pool error (the lease is then known only up to the shorter
     /// of the old and the new one).
     pub fn update_lease(&self, lease: Duration) -> Result<()> {

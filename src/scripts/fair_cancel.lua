@@ -14,17 +14,18 @@ redis.call('set', KEYS[3], 1, 'px', ARGV[4])
 leave_line(KEYS[4], KEYS[5], KEYS[6], ARGV[1])
 local held = tonumber(redis.call('hget', KEYS[1], ARGV[1]) or 0)
 local want = tonumber(ARGV[2])
-local undone = 0
-if held > want then
-    undone = 1
-    if want > 0 then
-        redis.call('hset', KEYS[1], ARGV[1], want, ARGV[1] .. ':gen', ARGV[5])
-        redis.call('pexpire', KEYS[1], ARGV[3])
-    else
-        redis.call('del', KEYS[1])
-    end
+if held > want and want > 0 then
+    redis.call('hset', KEYS[1], ARGV[1], want, ARGV[1] .. ':gen', ARGV[5])
+    redis.call('pexpire', KEYS[1], ARGV[3])
+    return 1
 end
-if redis.call('exists', KEYS[1]) == 0 then
+-- The lock is free, or will be once the acquisition is undone: the first
+-- in line is told first (see release.lua), then the lock goes.
+if held > want or redis.call('exists', KEYS[1]) == 0 then
     wake_first(KEYS[4], KEYS[5], KEYS[6], KEYS[2], ARGV[6])
 end
-return undone
+if held > want then
+    redis.call('del', KEYS[1])
+    return 1
+end
+return 0

@@ -7,7 +7,12 @@ local done = redis.call('get', KEYS[3])
 if done then
     return tonumber(done)
 end
+-- Publish first (see release.lua): the first in line does not depend on
+-- the lock.
+local held = redis.call('exists', KEYS[1])
+if held == 1 then
+    wake_first(KEYS[4], KEYS[5], KEYS[6], KEYS[2], ARGV[2])
+end
 local deleted = redis.call('del', KEYS[1])
-wake_first(KEYS[4], KEYS[5], KEYS[6], KEYS[2], ARGV[2])
 redis.call('set', KEYS[3], deleted, 'px', ARGV[1])
 return deleted

@@ -774,3 +774,26 @@ fn a_waiter_that_gave_up_does_not_keep_its_old_place() {
         "A, who gave up and came back after C queued, was served first (line: {line:?})"
     );
 }
+
+/// `force_unlock` deletes the lock whoever holds it and tells the first in
+/// line, who takes it.
+#[test]
+fn force_unlock_wakes_the_first_in_line() {
+    let srv = RedisServer::start();
+    let holder = client(&srv.url());
+    let _g = holder.fair_lock("fair").lock().expect("lock");
+    let (rx, handles) = waiters_in_line(&srv, 1, Duration::ZERO);
+    let told = srv.listen(&format!(
+        "redisson_lock__channel:{{fair}}:{}",
+        line(&srv)[0]
+    ));
+    let forced = Instant::now();
+    assert!(holder.fair_lock("fair").force_unlock().expect("force"));
+    assert_eq!(told.recv_timeout(WAIT).expect("the first is told"), b"0");
+    assert_eq!(rx.recv_timeout(WAIT).expect("its turn"), 0);
+    assert!(forced.elapsed() < Duration::from_secs(1), "told, not found");
+    for h in handles {
+        h.join().expect("waiter");
+    }
+    assert!(!holder.fair_lock("fair").force_unlock().expect("again"));
+}

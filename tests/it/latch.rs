@@ -144,3 +144,28 @@ fn redisson_interop() {
     latch.count_down().expect("down");
     assert_eq!(heard.recv_timeout(WAIT).expect("zero"), b"0");
 }
+
+/// A count-down whose connection drops after it reached Redis is not sent
+/// again on a new connection: it counts once (the caller gets the error).
+#[test]
+fn a_count_down_cut_after_it_ran_counts_once() {
+    let srv = RedisServer::start();
+    let proxy = crate::support::Proxy::start(srv.addr());
+    let c = Client::builder(proxy.url())
+        .retry_attempts(3)
+        .build()
+        .expect("client");
+    let latch = c.count_down_latch("batch");
+    latch.try_set_count(3).expect("set");
+    assert_eq!(latch.count_down().expect("warm the script"), 2);
+    let count_down = redis::Script::new(include_str!("../../src/scripts/latch_count_down.lua"))
+        .get_hash()
+        .to_owned();
+    proxy.add_rule(
+        count_down.as_bytes(),
+        crate::support::Fault::CutAfterRequest,
+        1,
+    );
+    assert!(latch.count_down().is_err(), "the reply is cut");
+    assert_eq!(srv.cmd(&["GET", "batch"]), "1", "counted once");
+}
