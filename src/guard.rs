@@ -361,23 +361,22 @@ pub(crate) enum Lost {
     /// A release leaving `left` holds: complete it (same latch, so it runs
     /// at most once).
     Release { left: u32, lease_ms: u64 },
-    /// Semaphore permits recorded under `field` of the semaphore's records
-    /// (`channel` is its channel; `key` the release's latch, or for `undo`
-    /// the acquisition's cancel marker): return them; `undo` (an
-    /// acquisition whose reply was lost) first sets the marker, so that a
-    /// late copy of the acquisition does nothing.
-    Permits { records: String, undo: bool },
+    /// What one semaphore acquisition holds (`book`: the semaphore's
+    /// records, with the record under `field`; or, with `permit`, an
+    /// expirable semaphore's set of permits out and the permit's id):
+    /// return it (`key` is the release's latch, or for `undo` the
+    /// acquisition's cancel marker). `undo` (an acquisition whose reply was
+    /// lost) first sets the marker, so that a late copy of the acquisition
+    /// does nothing.
+    Permits {
+        book: String,
+        permit: Option<[u8; 16]>,
+        undo: bool,
+    },
     /// A fair lock's waiter (`field`) that gave up: take it out of the line
     /// (`key` is the request's marker, which the owner's next operation on
     /// the lock sets first, so that a late leave spares a later place).
     Leave,
-    /// Permit `id` of a permit-expirable semaphore (`key` as for
-    /// `Permits`): return it, as for `Permits`.
-    Permit {
-        out: String,
-        id: [u8; 16],
-        undo: bool,
-    },
 }
 
 impl Unsettled {
@@ -407,16 +406,37 @@ impl Unsettled {
         self.done.load(Ordering::Acquire)
     }
 
-    /// For semaphore permits: the semaphore's records or set of permits
-    /// out, what the acquisition holds there, and whether it is an undo.
-    pub(crate) fn permits(&self) -> Option<(&str, scripts::Held<'_>, bool)> {
-        match &self.kind {
-            Lost::Permits { records, undo } => {
-                Some((records, scripts::Held::Record(&self.field), *undo))
-            }
-            Lost::Permit { out, id, undo } => Some((out, scripts::Held::Permit(id), *undo)),
-            _ => None,
-        }
+    /// For semaphore permits: returns them (one script call on `conn`;
+    /// `latch_ms`: how long its latch lives). `None` for another kind.
+    pub(crate) fn return_permits(
+        &self,
+        conn: &mut crate::transport::Connection,
+        latch_ms: u64,
+        publish: &str,
+    ) -> Option<redis::RedisResult<i64>> {
+        let Lost::Permits { book, permit, undo } = &self.kind else {
+            return None;
+        };
+        let held = match permit {
+            Some(id) => scripts::Held::Permit(id),
+            None => scripts::Held::Record(&self.field),
+        };
+        let sem = scripts::SemaphoreRef {
+            name: &self.name,
+            channel: &self.channel,
+            book,
+        };
+        // A release's latch is its key; an undo's is its own, next to the
+        // acquisition's cancel marker (its key).
+        let latch = if *undo {
+            format!("{}:undo", self.key)
+        } else {
+            self.key.clone()
+        };
+        let marker = undo.then_some(self.key.as_str());
+        Some(scripts::return_permits(
+            conn, sem, held, &latch, marker, latch_ms, publish,
+        ))
     }
 
     /// The request has run once, or can no longer run: its hold is no

@@ -433,25 +433,14 @@ impl Lock {
         let latch =
             scripts::force_unlock_latch_name(&self.name, self.client.id(), shared.next_request());
         let (deleted, _) = self.router().run_synced(&self.name, |conn| {
-            if self.kind == Kind::Fair {
-                return scripts::fair_force_unlock(
-                    conn,
-                    &self.name,
-                    &self.channel,
-                    &latch,
-                    shared.latch_ttl_ms,
-                    self.router().publish_command(),
-                );
-            }
             scripts::force_unlock(
                 conn,
                 &self.name,
                 &self.channel,
+                self.kind,
                 &latch,
                 shared.latch_ttl_ms,
                 self.router().publish_command(),
-                // A read-write lock's waiters may all go.
-                u8::from(self.kind.is_rw()),
             )
         })?;
         Ok(deleted == 1)
@@ -461,16 +450,18 @@ impl Lock {
         &self.client.shared.router
     }
 
-    /// `true` if this thread holds this lock through this client, as far as
-    /// it knows (not released, not found lost).
-    pub(crate) fn held_here(&self) -> bool {
-        owner_state(self.client.shared.id, &self.slot).0.is_some()
+    /// `true` if this thread holds this lock as `kind` through this client,
+    /// as far as it knows (not released, not found lost).
+    fn held_as(&self, kind: Kind) -> bool {
+        owner_state(self.client.shared.id, &slot_key(&self.name, kind))
+            .0
+            .is_some()
     }
 
     /// A write lock asked for without a deadline by a thread that holds only
     /// the read lock would wait for itself forever: refused.
     fn check_no_upgrade(&self) -> Result<()> {
-        if !self.held_here() && self.as_kind(Kind::Read).held_here() {
+        if !self.held_as(Kind::Write) && self.held_as(Kind::Read) {
             return Err(Error::invalid(format!(
                 "this thread holds the read lock of {:?}: taking the write lock would wait for \
                  itself forever (there is no upgrade); release the read lock first, or use \

@@ -203,47 +203,25 @@ pub(crate) struct Acquire<'a> {
 }
 
 impl Acquire<'_> {
+    /// The keys, then the arguments, of the kind's acquire script: the lock
+    /// and the request's marker, the kind's own keys, the unsettled keys;
+    /// the lease, owner, count and generation, the kind's own arguments,
+    /// and the unsettled keys' TTL when there are any.
     fn fill(&self, cmd: &mut Cmd) {
-        if self.lock.kind == Kind::Fair {
-            cmd.arg(self.lock.name)
-                .arg(self.marker)
-                .arg(fair_line_name(self.lock.name))
-                .arg(fair_places_name(self.lock.name))
-                .arg(fair_deadlines_name(self.lock.name));
-            for key in &self.unsettled {
-                cmd.arg(*key);
+        let name = self.lock.name;
+        cmd.arg(name).arg(self.marker);
+        match self.lock.kind {
+            Kind::Fair => {
+                cmd.arg(fair_line_name(name))
+                    .arg(fair_places_name(name))
+                    .arg(fair_deadlines_name(name));
             }
-            cmd.arg(self.lease_ms)
-                .arg(self.lock.field)
-                .arg(self.count)
-                .arg(self.gen)
-                .arg(self.place_ms)
-                .arg(if self.requeue { "1" } else { "0" });
-            if !self.unsettled.is_empty() {
-                cmd.arg(LATE_REQUEST_WINDOW_MS);
+            Kind::Plain | Kind::Fenced => {
+                if let Some(token) = self.token {
+                    cmd.arg(token);
+                }
             }
-            return;
-        }
-        if self.lock.kind.is_rw() {
-            cmd.arg(self.lock.name).arg(self.marker);
-            for key in &self.unsettled {
-                cmd.arg(*key);
-            }
-            cmd.arg(self.lease_ms)
-                .arg(self.lock.field)
-                .arg(self.count)
-                .arg(self.gen)
-                .arg(self.prefix)
-                .arg(self.writer)
-                .arg(rw_base(self.lock.name));
-            if !self.unsettled.is_empty() {
-                cmd.arg(LATE_REQUEST_WINDOW_MS);
-            }
-            return;
-        }
-        cmd.arg(self.lock.name).arg(self.marker);
-        if let Some(token) = self.token {
-            cmd.arg(token);
+            Kind::Read | Kind::Write => {}
         }
         for key in &self.unsettled {
             cmd.arg(*key);
@@ -251,8 +229,19 @@ impl Acquire<'_> {
         cmd.arg(self.lease_ms)
             .arg(self.lock.field)
             .arg(self.count)
-            .arg(self.gen)
-            .arg(if self.token.is_some() { "1" } else { "0" });
+            .arg(self.gen);
+        match self.lock.kind {
+            Kind::Fair => {
+                cmd.arg(self.place_ms)
+                    .arg(if self.requeue { "1" } else { "0" });
+            }
+            Kind::Read | Kind::Write => {
+                cmd.arg(self.prefix).arg(self.writer).arg(rw_base(name));
+            }
+            Kind::Plain | Kind::Fenced => {
+                cmd.arg(if self.token.is_some() { "1" } else { "0" });
+            }
+        }
         if !self.unsettled.is_empty() {
             cmd.arg(LATE_REQUEST_WINDOW_MS);
         }
@@ -261,8 +250,7 @@ impl Acquire<'_> {
     fn keys(&self) -> usize {
         let extra = match self.lock.kind {
             Kind::Fair => 3,
-            Kind::Fenced => 1,
-            _ => 0,
+            _ => usize::from(self.token.is_some()),
         };
         2 + extra + self.unsettled.len()
     }
@@ -657,46 +645,40 @@ pub(crate) fn permit_cancel_name(name: &str, id: &str) -> String {
     s
 }
 
-/// force_unlock.lua: 1 if a lock was deleted (the first run's answer, also
-/// when a retry of the same request finds the latch).
+/// Deletes lock `name` of `kind` whoever holds it and wakes its waiters
+/// (force_unlock.lua: one waiter per process, every waiter for a
+/// read-write lock; fair_force_unlock.lua: the first in line): 1 if a lock
+/// was deleted (the first run's answer, also when a retry of the same
+/// request finds the latch).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn force_unlock(
     conn: &mut crate::transport::Connection,
     name: &str,
     channel: &str,
+    kind: Kind,
     latch: &str,
     latch_ms: u64,
     publish: &str,
-    message: u8,
 ) -> RedisResult<i64> {
+    if kind == Kind::Fair {
+        return FAIR_FORCE_UNLOCK.run(conn, 6, |cmd| {
+            cmd.arg(name)
+                .arg(channel)
+                .arg(latch)
+                .arg(fair_line_name(name))
+                .arg(fair_places_name(name))
+                .arg(fair_deadlines_name(name))
+                .arg(latch_ms)
+                .arg(publish);
+        });
+    }
     FORCE_UNLOCK.run(conn, 3, |cmd| {
         cmd.arg(name)
             .arg(channel)
             .arg(latch)
             .arg(latch_ms)
             .arg(publish)
-            .arg(message);
-    })
-}
-
-/// fair_force_unlock.lua: as [`force_unlock`], waking the first waiter in
-/// line.
-pub(crate) fn fair_force_unlock(
-    conn: &mut crate::transport::Connection,
-    name: &str,
-    channel: &str,
-    latch: &str,
-    latch_ms: u64,
-    publish: &str,
-) -> RedisResult<i64> {
-    FAIR_FORCE_UNLOCK.run(conn, 6, |cmd| {
-        cmd.arg(name)
-            .arg(channel)
-            .arg(latch)
-            .arg(fair_line_name(name))
-            .arg(fair_places_name(name))
-            .arg(fair_deadlines_name(name))
-            .arg(latch_ms)
-            .arg(publish);
+            .arg(u8::from(kind.is_rw()));
     })
 }
 

@@ -178,27 +178,13 @@ impl Names {
     /// Runs the undo of an acquisition that ran now (one round trip);
     /// settles it in the background if that fails.
     fn undo_now(&self, undo: Unsettled) {
-        let done = undo.permits().map(|(book, held, _)| {
-            let sem = SemaphoreRef {
-                name: &self.name,
-                channel: &self.channel,
-                book,
-            };
-            let latch = format!("{}:undo", undo.key);
-            let publish = self.router().publish_command();
-            self.router().run(&self.name, |conn| {
-                scripts::return_permits(
-                    conn,
-                    sem,
-                    held,
-                    &latch,
-                    Some(&undo.key),
-                    self.shared().latch_ttl_ms,
-                    publish,
-                )
-            })
+        let publish = self.router().publish_command();
+        let latch_ms = self.shared().latch_ttl_ms;
+        let done = self.router().run(&self.name, |conn| {
+            undo.return_permits(conn, latch_ms, publish)
+                .unwrap_or(Ok(0))
         });
-        if !matches!(done, Some(Ok(_))) {
+        if done.is_err() {
             self.shared().watchdog.settle_later(Arc::new(undo));
         }
     }
@@ -234,18 +220,17 @@ impl Names {
     fn give_back(&self, held: Held<'_>) -> Result<()> {
         let publish = self.router().publish_command();
         let latch_ms = self.shared().latch_ttl_ms;
-        let (latch, field) = match held {
-            Held::Record(field) => (scripts::semaphore_latch_name(&self.name, field), field),
-            Held::Permit(_, id) => (
+        let (latch, what) = match held {
+            Held::Record(field) => (
+                scripts::semaphore_latch_name(&self.name, field),
+                scripts::Held::Record(field),
+            ),
+            Held::Permit(raw, id) => (
                 scripts::permit_latch_name(&self.name, id, self.shared().next_request()),
-                "",
+                scripts::Held::Permit(raw),
             ),
         };
         let sent = Instant::now();
-        let what = match held {
-            Held::Record(field) => scripts::Held::Record(field),
-            Held::Permit(raw, _) => scripts::Held::Permit(raw),
-        };
         let reply = self.router().run(&self.name, |conn| {
             scripts::return_permits(conn, self.sem(), what, &latch, None, latch_ms, publish)
         });
@@ -256,18 +241,7 @@ impl Names {
             }),
             Err(e) => {
                 if e.needs_settle() {
-                    let kind = match held {
-                        Held::Record(_) => Lost::Permits {
-                            records: self.book.clone(),
-                            undo: false,
-                        },
-                        Held::Permit(raw, _) => Lost::Permit {
-                            out: self.book.clone(),
-                            id: *raw,
-                            undo: false,
-                        },
-                    };
-                    let later = Unsettled::new(self.lock_ref(field), latch, kind, None, sent);
+                    let later = self.lost(held, latch, false, sent);
                     self.shared().watchdog.settle_later(Arc::new(later));
                 }
                 Err(e)
@@ -503,18 +477,7 @@ impl Semaphore {
         let sent = Instant::now();
         names.attempt(
             |conn| scripts::semaphore_acquire(conn, names.sem(), &marker, permits, &field),
-            || {
-                Unsettled::new(
-                    names.lock_ref(&field),
-                    marker.clone(),
-                    Lost::Permits {
-                        records: names.book.clone(),
-                        undo: true,
-                    },
-                    None,
-                    sent,
-                )
-            },
+            || names.lost(Held::Record(&field), marker.clone(), true, sent),
             || SemaphorePermits {
                 sem: self.clone(),
                 field: field.clone(),
@@ -528,6 +491,22 @@ impl Semaphore {
 }
 
 impl Names {
+    /// The request that returns what `held` holds in the background (`key`:
+    /// the release's latch, or for an `undo`, the acquisition's cancel
+    /// marker).
+    fn lost(&self, held: Held<'_>, key: String, undo: bool, sent: Instant) -> Unsettled {
+        let (field, permit) = match held {
+            Held::Record(field) => (field, None),
+            Held::Permit(raw, _) => ("", Some(*raw)),
+        };
+        let kind = Lost::Permits {
+            book: self.book.clone(),
+            permit,
+            undo,
+        };
+        Unsettled::new(self.lock_ref(field), key, kind, None, sent)
+    }
+
     /// The names a settle of an ownerless request works on (`field`: the
     /// permit record's field, or empty).
     fn lock_ref<'a>(&'a self, field: &'a str) -> LockRef<'a> {
@@ -842,19 +821,7 @@ impl ExpirableSemaphore {
         let sent = Instant::now();
         names.attempt(
             |conn| scripts::permit_acquire(conn, names.sem(), &marker, lease_ms, &raw, publish),
-            || {
-                Unsettled::new(
-                    names.lock_ref(""),
-                    marker.clone(),
-                    Lost::Permit {
-                        out: names.book.clone(),
-                        id: raw,
-                        undo: true,
-                    },
-                    None,
-                    sent,
-                )
-            },
+            || names.lost(Held::Permit(&raw, &id), marker.clone(), true, sent),
             || Permit {
                 sem: self.clone(),
                 id: id.clone(),

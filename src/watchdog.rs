@@ -370,7 +370,7 @@ impl Inner {
             let window = Duration::from_millis(scripts::LATE_REQUEST_WINDOW_MS);
             // Semaphore permits have no lease (or a long one): they are
             // returned however long it takes.
-            let permits = matches!(u.kind, Lost::Permits { .. } | Lost::Permit { .. });
+            let permits = matches!(u.kind, Lost::Permits { .. });
             if u.sent.elapsed() >= window && !permits {
                 // No copy of it can arrive any more, and its lease is long gone.
                 log::warn!(
@@ -424,26 +424,10 @@ impl Inner {
                 )
                 .map(|_| 0),
                 // Its latch lives the window: a copy may still arrive.
-                Lost::Permits { .. } | Lost::Permit { .. } => {
-                    let Some((book, held, undo)) = u.permits() else {
-                        return Ok(0);
-                    };
-                    let sem = scripts::SemaphoreRef {
-                        name: &u.name,
-                        channel: &u.channel,
-                        book,
-                    };
-                    scripts::return_permits(
-                        conn,
-                        sem,
-                        held,
-                        &permits_latch(&u.key, undo),
-                        undo.then_some(u.key.as_str()),
-                        scripts::LATE_REQUEST_WINDOW_MS,
-                        publish,
-                    )
-                    .map(|r| i64::from(r != 0))
-                }
+                Lost::Permits { .. } => u
+                    .return_permits(conn, scripts::LATE_REQUEST_WINDOW_MS, publish)
+                    .unwrap_or(Ok(0))
+                    .map(|r| i64::from(r != 0)),
             });
             // Replica sync is best effort here: the request ran on the master.
             let result = result.map(|(applied, _)| applied);
@@ -465,12 +449,10 @@ impl Inner {
                     u.set_done();
                     let what = match u.kind {
                         Lost::Acquire { .. } => "undid an acquisition",
-                        Lost::Permits { undo: true, .. } | Lost::Permit { undo: true, .. } => {
+                        Lost::Permits { undo: true, .. } => {
                             "returned the permits of an acquisition"
                         }
-                        Lost::Release { .. } | Lost::Permits { .. } | Lost::Permit { .. } => {
-                            "completed a release"
-                        }
+                        Lost::Release { .. } | Lost::Permits { .. } => "completed a release",
                         Lost::Leave => "left the line",
                     };
                     if applied == 1 {
@@ -590,17 +572,6 @@ impl Inner {
             }
         }
         hold.tell_lost();
-    }
-}
-
-/// The latch of a semaphore request settled in the background: a release's
-/// own (its key), or one of the undo's own, next to the acquisition's cancel
-/// marker (its key).
-fn permits_latch(key: &str, undo: bool) -> String {
-    if undo {
-        format!("{key}:undo")
-    } else {
-        key.to_owned()
     }
 }
 

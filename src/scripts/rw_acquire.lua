@@ -61,7 +61,11 @@ redis.call('hset', KEYS[1], ARGV[2], count, ARGV[2] .. ':gen', 'g' .. ARGV[4])
 if reader then
     redis.call('set', ARGV[5] .. ':' .. count, 1, 'px', lease)
     redis.call('pexpire', KEYS[1], math.max(redis.call('pttl', KEYS[1]), lease))
-else
+elseif mode then
+    -- A write re-entry: the thread may read too (a write-mode hash has no
+    -- other readers).
     redis.call('pexpire', KEYS[1], math.max(lease, readers_ttl(KEYS[1], ARGV[7], nil)))
+else
+    redis.call('pexpire', KEYS[1], lease)
 end
 return nil
