@@ -738,17 +738,22 @@ fn unconfirmed_semaphore_acquisition_no_fault_injection() {
     );
 }
 
+/// A server behind a proxy, and a client through it that resends a request
+/// on a new connection when the old one dropped after sending it (the
+/// default `retry_attempts`).
+fn behind_proxy() -> (RedisServer, Proxy, Client) {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let c = client(&proxy.url());
+    (srv, proxy, c)
+}
+
 /// The connection layer resends a request whose connection dropped after it
 /// was sent; the acquire script finds its own record and does not take the
 /// permits twice.
 #[test]
 fn cut_acquire_retried_takes_permits_once() {
-    let srv = RedisServer::start();
-    let proxy = Proxy::start(srv.addr());
-    let c = Client::builder(proxy.url())
-        .retry_attempts(3)
-        .build()
-        .expect("client");
+    let (srv, proxy, c) = behind_proxy();
     let sem = c.semaphore("cut");
     assert!(sem.try_set_permits(3).expect("set"));
     // Scripts loaded first: the cut must hit an EVALSHA that runs.
@@ -767,12 +772,7 @@ fn cut_acquire_retried_takes_permits_once() {
 
 #[test]
 fn cut_expirable_acquire_retried_takes_one_permit() {
-    let srv = RedisServer::start();
-    let proxy = Proxy::start(srv.addr());
-    let c = Client::builder(proxy.url())
-        .retry_attempts(3)
-        .build()
-        .expect("client");
+    let (srv, proxy, c) = behind_proxy();
     let sem = c.permit_expirable_semaphore("cutx");
     assert!(sem.try_set_permits(3).expect("set"));
     sem.acquire(Duration::from_secs(60))
@@ -794,12 +794,7 @@ fn cut_expirable_acquire_retried_takes_one_permit() {
 /// sends them without retry too).
 #[test]
 fn cut_release_n_is_not_applied_twice() {
-    let srv = RedisServer::start();
-    let proxy = Proxy::start(srv.addr());
-    let c = Client::builder(proxy.url())
-        .retry_attempts(3)
-        .build()
-        .expect("client");
+    let (srv, proxy, c) = behind_proxy();
     let sem = c.semaphore("add");
     assert!(sem.try_set_permits(1).expect("set"));
     sem.add_permits(0).expect("warm the script");
@@ -819,12 +814,7 @@ fn cut_release_n_is_not_applied_twice() {
 /// caller was told 0, the drained permits out in nobody's name).
 #[test]
 fn cut_drain_reports_what_it_took() {
-    let srv = RedisServer::start();
-    let proxy = Proxy::start(srv.addr());
-    let c = Client::builder(proxy.url())
-        .retry_attempts(3)
-        .build()
-        .expect("client");
+    let (srv, proxy, c) = behind_proxy();
     let sem = c.semaphore("drain");
     assert!(sem.try_set_permits(0).expect("set"));
     assert_eq!(sem.drain_permits().expect("warm"), 0);
@@ -843,12 +833,7 @@ fn cut_drain_reports_what_it_took() {
 /// ran) and reports success, not PermitLost.
 #[test]
 fn cut_guard_release_is_not_reported_lost() {
-    let srv = RedisServer::start();
-    let proxy = Proxy::start(srv.addr());
-    let c = Client::builder(proxy.url())
-        .retry_attempts(3)
-        .build()
-        .expect("client");
+    let (srv, proxy, c) = behind_proxy();
     let sem = c.semaphore("rel");
     assert!(sem.try_set_permits(1).expect("set"));
     sem.acquire(1).expect("warm").release().expect("warm");
