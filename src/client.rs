@@ -9,10 +9,15 @@ use std::time::Duration;
 use crate::cluster::{Cluster, NodeSettings, PubSubMode};
 use crate::connection::{Counters, PoolSettings, Redis, SyncReplicas, Threads};
 use crate::error::{Error, Result};
-use crate::lock::{check_lease, duration_ms, Lock, MIN_RENEW_INTERVAL};
+use crate::fair::FairLock;
+use crate::latch::CountDownLatch;
+use crate::lock::{check_lease, Lock, MIN_RENEW_INTERVAL};
 use crate::pubsub::PubSub;
 use crate::router::{Node, Router};
+use crate::rwlock::ReadWriteLock;
+use crate::semaphore::{ExpirableSemaphore, Semaphore};
 use crate::target::{Sentinel, Target};
+use crate::time::duration_ms;
 use crate::transport::{Endpoint, TlsOptions};
 use crate::watchdog::{LostCallback, Watchdog};
 
@@ -195,8 +200,8 @@ impl Client {
     /// latch.try_set_count(2)?;
     /// # Ok(()) }
     /// ```
-    pub fn count_down_latch(&self, name: impl Into<String>) -> crate::CountDownLatch {
-        crate::CountDownLatch::new(self.clone(), name.into())
+    pub fn count_down_latch(&self, name: impl Into<String>) -> CountDownLatch {
+        CountDownLatch::new(self.clone(), name.into())
     }
 
     /// A handle on the fair lock named `name` (Redisson's `RFairLock`
@@ -209,8 +214,8 @@ impl Client {
     /// let guard = client.fair_lock("ledger").lock()?;
     /// # Ok(()) }
     /// ```
-    pub fn fair_lock(&self, name: impl Into<String>) -> crate::FairLock {
-        crate::FairLock::new(self.clone(), name.into())
+    pub fn fair_lock(&self, name: impl Into<String>) -> FairLock {
+        FairLock::new(self.clone(), name.into())
     }
 
     /// A handle on the read-write lock named `name` (Redisson's
@@ -224,8 +229,8 @@ impl Client {
     /// let reading = rw.read_lock().lock()?;
     /// # Ok(()) }
     /// ```
-    pub fn read_write_lock(&self, name: impl Into<String>) -> crate::ReadWriteLock {
-        crate::ReadWriteLock::new(self.clone(), name.into())
+    pub fn read_write_lock(&self, name: impl Into<String>) -> ReadWriteLock {
+        ReadWriteLock::new(self.clone(), name.into())
     }
 
     /// A handle on the semaphore named `name` (Redisson's `RSemaphore`
@@ -239,8 +244,8 @@ impl Client {
     /// let permit = s.acquire(1)?;
     /// # Ok(()) }
     /// ```
-    pub fn semaphore(&self, name: impl Into<String>) -> crate::Semaphore {
-        crate::Semaphore::new(self.clone(), name.into())
+    pub fn semaphore(&self, name: impl Into<String>) -> Semaphore {
+        Semaphore::new(self.clone(), name.into())
     }
 
     /// A handle on the permit-expirable semaphore named `name` (Redisson's
@@ -256,8 +261,8 @@ impl Client {
     /// let permit = s.acquire(Duration::from_secs(60))?;
     /// # Ok(()) }
     /// ```
-    pub fn permit_expirable_semaphore(&self, name: impl Into<String>) -> crate::ExpirableSemaphore {
-        crate::ExpirableSemaphore::new(self.clone(), name.into())
+    pub fn permit_expirable_semaphore(&self, name: impl Into<String>) -> ExpirableSemaphore {
+        ExpirableSemaphore::new(self.clone(), name.into())
     }
 
     /// A handle on the fenced lock named `name` (Redisson's `RFencedLock`):

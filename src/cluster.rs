@@ -34,8 +34,8 @@ use crate::error::{Error, Result};
 use crate::pubsub::PubSub;
 use crate::router::Node;
 use crate::target::Target;
+use crate::time::jitter;
 use crate::transport::{Addr, Connection, Endpoint};
-use crate::watchdog::jitter;
 
 /// Hash slots of a Redis Cluster.
 pub(crate) const SLOTS: usize = 16384;
@@ -407,7 +407,7 @@ impl Cluster {
                     }
                 }
                 Err(e) => {
-                    if crate::connection::is_refusal(&e) {
+                    if crate::error::is_refusal(&e) {
                         return Err(Error::Redis(e));
                     }
                     failures.push(format!("{name}: {e}"));

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use redis::{ConnectionLike, Value};
 
-use crate::error::{is_io_failure, Error, Result};
-use crate::lock::duration_ms;
+use crate::error::{is_io_failure, is_refusal, Error, Result};
 use crate::target::Target;
+use crate::time::duration_ms;
 use crate::transport::{Connection, Waited};
 
 /// A pooled connection and the pool epoch it was made in; or, when Redis
@@ -31,14 +31,6 @@ struct Refusal {
 
 /// How long a refusal answers checkouts before a new attempt is made.
 const REFUSAL_FRESH: Duration = Duration::from_secs(1);
-
-/// Redis refused to let us in, for a reason that retrying will not fix.
-pub(crate) fn is_refusal(e: &redis::RedisError) -> bool {
-    matches!(
-        e.kind(),
-        redis::ErrorKind::AuthenticationFailed | redis::ErrorKind::InvalidClientConfig
-    ) || matches!(e.code(), Some("NOAUTH" | "NOPERM" | "WRONGPASS"))
-}
 
 /// Counters the connection layer keeps (see [`crate::ClientStats`]).
 #[derive(Default)]

@@ -203,6 +203,14 @@ pub(crate) fn is_auth_error(e: &redis::RedisError) -> bool {
         || e.detail().is_some_and(|d| d.contains("The user executing the script can't"))
 }
 
+/// Redis refused to let us in, for a reason that retrying will not fix.
+pub(crate) fn is_refusal(e: &redis::RedisError) -> bool {
+    matches!(
+        e.kind(),
+        redis::ErrorKind::AuthenticationFailed | redis::ErrorKind::InvalidClientConfig
+    ) || matches!(e.code(), Some("NOAUTH" | "NOPERM" | "WRONGPASS"))
+}
+
 /// The connection failed or timed out while a command was under way (as
 /// opposed to an error reply from Redis).
 pub(crate) fn is_io_failure(e: &redis::RedisError) -> bool {

@@ -15,17 +15,7 @@ use crate::client::{Client, Shared};
 use crate::connection::Synced;
 use crate::error::{Error, Result};
 use crate::scripts::{self, Kind, LockRef};
-
-/// `sent + lease_ms`, saturating far in the future.
-pub(crate) fn deadline(sent: Instant, lease_ms: u64) -> Instant {
-    sent.checked_add(Duration::from_millis(lease_ms))
-        .unwrap_or_else(|| far_future(sent))
-}
-
-pub(crate) fn far_future(now: Instant) -> Instant {
-    now.checked_add(Duration::from_secs(100 * 365 * 24 * 3600))
-        .unwrap_or(now)
-}
+use crate::time::deadline;
 
 /// What this process knows of a hold's lease on Redis.
 ///

@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 use crate::client::Client;
 use crate::connection::send_once;
 use crate::error::{Error, Result};
-use crate::guard::far_future;
 use crate::pubsub::{Subscription, Wake, WakeRule};
 use crate::router::Router;
 use crate::scripts::{self, LatchOp};
+use crate::time::far_future;
 
 /// A distributed count-down latch, shared with Redisson's `RCountDownLatch`
 /// on the same name: the count is the string integer at key `<name>`, and

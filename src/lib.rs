@@ -129,6 +129,7 @@ mod rwlock;
 mod scripts;
 mod semaphore;
 mod target;
+mod time;
 mod transport;
 mod waiting;
 mod watchdog;

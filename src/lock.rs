@@ -14,6 +14,7 @@ use crate::guard::{
 use crate::pubsub::{Subscription, WakeRule};
 use crate::router::Router;
 use crate::scripts::{self, AcquireReply, Kind, LockRef};
+use crate::time::duration_ms;
 use crate::waiting::Waiters;
 pub(crate) use crate::waiting::{Attempt, Wait};
 
@@ -882,10 +883,6 @@ pub(crate) fn check_name(what: &str, name: &str, router: &Router) -> Result<()> 
         )));
     }
     Ok(())
-}
-
-pub(crate) fn duration_ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Checks a lease-like duration: at least 1 ms, at most [`MAX_LEASE`].

@@ -22,7 +22,7 @@ use crate::lock::{Attempt, Lock, Request, Terms, Wait};
 use crate::pubsub::{Notify, Subscription, Wake};
 use crate::router::{Node, Router};
 use crate::scripts::{self, AcquireReply};
-use crate::watchdog::jitter;
+use crate::time::jitter;
 
 /// A lock on a majority of independent Redis masters: the RedLock algorithm
 /// (see the README for what it does and does not guarantee).

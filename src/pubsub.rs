@@ -55,8 +55,8 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::error::{Error, Result};
 use crate::target::Target;
+use crate::time::jitter;
 use crate::transport::Stream;
-use crate::watchdog::jitter;
 
 /// First wait before retrying a connection that has not proven itself.
 const MIN_BACKOFF: Duration = Duration::from_millis(20);

@@ -151,7 +151,7 @@ impl Sentinel {
                 }
                 Err(e) => {
                     failures.push(format!("{}: {e}", self.sentinels[i].addr));
-                    if crate::connection::is_refusal(&e) {
+                    if crate::error::is_refusal(&e) {
                         refusal.get_or_insert(e);
                     }
                 }

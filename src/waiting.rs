@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::pubsub::{Subscription, Wake, WakeRule};
 use crate::router::Router;
-use crate::watchdog::jitter;
+use crate::time::jitter;
 
 /// How long a caller is prepared to wait.
 pub(crate) enum Wait {

@@ -37,9 +37,10 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use crate::connection::{fan_out, Job, Synced};
-use crate::guard::{far_future, Hold, Lost, RenewToken, Sched, Unsettled};
+use crate::guard::{Hold, Lost, RenewToken, Sched, Unsettled};
 use crate::router::{Group, Router};
 use crate::scripts;
+use crate::time::{far_future, jitter};
 
 /// Locks per renewal script call; a pipeline carries as many calls as needed.
 pub(crate) const CHUNK: usize = 1000;
@@ -573,16 +574,6 @@ impl Inner {
         }
         hold.tell_lost();
     }
-}
-
-/// `d` scaled by a random factor in `[1 - spread, 1 + spread)`, so that many
-/// clients retrying after one failure do not stay in step. `RandomState` is
-/// randomly keyed per instance, which is random enough for this.
-pub(crate) fn jitter(d: Duration, spread: f64) -> Duration {
-    use std::hash::BuildHasher;
-    let r = std::collections::hash_map::RandomState::new().hash_one(Instant::now());
-    let unit = (r >> 11) as f64 / (1u64 << 53) as f64;
-    d.mul_f64(1.0 - spread + 2.0 * spread * unit)
 }
 
 impl Inner {
