@@ -31,8 +31,8 @@ use crate::connection::{
     is_connection_failure, Counters, PoolSettings, Redis, SyncReplicas, Threads,
 };
 use crate::error::{Error, Result};
+use crate::node::Node;
 use crate::pubsub::PubSub;
-use crate::router::Node;
 use crate::target::Target;
 use crate::time::jitter;
 use crate::transport::{Addr, Connection, Endpoint};

@@ -123,6 +123,7 @@ mod guard;
 mod latch;
 mod lock;
 mod multi;
+mod node;
 mod pubsub;
 mod router;
 mod rwlock;

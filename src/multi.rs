@@ -19,8 +19,9 @@ use crate::connection::{fan_out, Job, Synced};
 use crate::error::{Error, Result};
 use crate::guard::{LockGuard, LostListener, Release};
 use crate::lock::{Attempt, Lock, Request, Terms, Wait};
+use crate::node::Node;
 use crate::pubsub::{Notify, Subscription, Wake};
-use crate::router::{Node, Router};
+use crate::router::Router;
 use crate::scripts::{self, AcquireReply};
 use crate::time::jitter;
 
