@@ -2,7 +2,7 @@
 //! background threads.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,32 +11,19 @@ use crate::connection::{Counters, PoolSettings, Redis, SyncReplicas, Threads};
 use crate::error::{Error, Result};
 use crate::fair::FairLock;
 use crate::latch::CountDownLatch;
-use crate::lock::{check_lease, Lock, MIN_RENEW_INTERVAL};
+use crate::lock::Lock;
 use crate::node::Node;
 use crate::pubsub::PubSub;
 use crate::router::Router;
 use crate::rwlock::ReadWriteLock;
 use crate::semaphore::{ExpirableSemaphore, Semaphore};
+use crate::shared::{check_lease, Shared};
 use crate::target::{Sentinel, Target};
-use crate::time::duration_ms;
 use crate::transport::{Endpoint, TlsOptions};
-use crate::watchdog::{LostCallback, Watchdog};
+use crate::watchdog::{LostCallback, MIN_RENEW_INTERVAL};
 
 /// The longest `connection_timeout` or `response_timeout` accepted.
 const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
-
-static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
-static NEXT_THREAD_ID: AtomicU64 = AtomicU64::new(1);
-
-thread_local! {
-    static THREAD_ID: u64 = NEXT_THREAD_ID.fetch_add(1, Ordering::Relaxed);
-}
-
-/// A number for the current OS thread, stable for its lifetime and unique in
-/// the process (the `<thread-id>` of the owner field).
-fn thread_id() -> u64 {
-    THREAD_ID.try_with(|id| *id).unwrap_or(0)
-}
 
 /// A handle on a Redis server for taking locks.
 ///
@@ -57,36 +44,6 @@ fn thread_id() -> u64 {
 #[derive(Clone)]
 pub struct Client {
     pub(crate) shared: Arc<Shared>,
-}
-
-pub(crate) struct Shared {
-    pub(crate) id: u64,
-    uuid: String,
-    /// Where it connects, for `Debug` (no password).
-    pub(crate) server: String,
-    pub(crate) router: Arc<Router>,
-    pub(crate) watchdog: Watchdog,
-    pub(crate) watchdog_timeout: Duration,
-    /// How long the latch of a release lives: long enough for a retry of the
-    /// same request to find it (4 response timeouts, at least 1 s).
-    pub(crate) latch_ttl_ms: u64,
-    pub(crate) response_timeout: Duration,
-}
-
-impl Shared {
-    /// `<client-uuid>:<thread-id>` for the current thread.
-    pub(crate) fn owner_field(&self) -> String {
-        use std::fmt::Write;
-        let mut field = String::with_capacity(self.uuid.len() + 21);
-        field.push_str(&self.uuid);
-        let _ = write!(field, ":{}", thread_id());
-        field
-    }
-
-    /// A number unique to this client, for request ids.
-    pub(crate) fn next_request(&self) -> u64 {
-        self.router.next_request()
-    }
 }
 
 impl Client {
@@ -871,18 +828,13 @@ impl ClientBuilder {
 
     /// The client on `router`.
     fn finish(self, router: Arc<Router>, server: String) -> Client {
-        let shared = Shared {
-            id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
-            uuid: uuid::Uuid::new_v4().to_string(),
-            server,
-            watchdog: Watchdog::new(Arc::clone(&router), self.on_lock_lost),
+        let shared = Shared::new(
             router,
-            watchdog_timeout: self.watchdog_timeout,
-            latch_ttl_ms: duration_ms(self.response_timeout)
-                .saturating_mul(4)
-                .max(1000),
-            response_timeout: self.response_timeout,
-        };
+            server,
+            self.watchdog_timeout,
+            self.response_timeout,
+            self.on_lock_lost,
+        );
         Client {
             shared: Arc::new(shared),
         }

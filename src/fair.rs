@@ -90,7 +90,7 @@ impl FairLock {
     ///
     /// Empty name, or a Redis or pool error.
     pub fn waiters(&self) -> Result<u64> {
-        crate::lock::check_name("lock", self.lock.name(), self.lock.router())?;
+        crate::shared::check_name("lock", self.lock.name(), self.lock.router())?;
         let line = crate::scripts::fair_line_name(self.lock.name());
         self.lock
             .router()

@@ -120,18 +120,22 @@ mod connection;
 mod error;
 mod fair;
 mod guard;
+mod hold;
 mod latch;
 mod lock;
 mod multi;
 mod node;
+mod owners;
 mod pubsub;
 mod router;
 mod rwlock;
 mod scripts;
 mod semaphore;
+mod shared;
 mod target;
 mod time;
 mod transport;
+mod unsettled;
 mod waiting;
 mod watchdog;
 
@@ -140,12 +144,14 @@ pub use crate::error::{Error, Result};
 pub use crate::fair::FairLock;
 pub use crate::guard::LockGuard;
 pub use crate::latch::CountDownLatch;
-pub use crate::lock::{Lock, FAIR_PLACE, MAX_LEASE, MIN_RENEW_INTERVAL};
+pub use crate::lock::{Lock, FAIR_PLACE};
 pub use crate::multi::{MultiGuard, MultiLock, RedLock};
 pub use crate::rwlock::{ReadLock, ReadWriteLock, WriteLock};
 pub use crate::semaphore::{
     ExpirableSemaphore, Permit, Semaphore, SemaphorePermits, PERMIT_RECHECK,
 };
+pub use crate::shared::MAX_LEASE;
+pub use crate::watchdog::MIN_RENEW_INTERVAL;
 
 // Every Rust block of the README compiles as a doctest.
 #[cfg(doctest)]

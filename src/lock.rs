@@ -7,25 +7,18 @@ use std::time::{Duration, Instant};
 use crate::client::Client;
 use crate::connection::Synced;
 use crate::error::{Error, Result};
-use crate::guard::{
-    defer_settle, insert_hold, keys, owner_state, settle, settle_deferred, settle_later, slot_key,
-    Hold, LockGuard, Lost, Unsettled,
-};
+use crate::guard::LockGuard;
+use crate::hold::{slot_key, Hold};
+use crate::owners::{insert_hold, owner_state, settle};
 use crate::pubsub::{Subscription, WakeRule};
 use crate::router::Router;
 use crate::scripts::{self, AcquireReply, Kind, LockRef};
+use crate::shared::{check_lease, check_name};
 use crate::time::duration_ms;
+use crate::unsettled::{keys, Lost, Unsettled};
 use crate::waiting::Waiters;
 pub(crate) use crate::waiting::{Attempt, Wait};
-
-/// The shortest renewal interval the watchdog accepts. Renewing thousands of
-/// locks more often than this would turn the watchdog into a load on Redis.
-pub const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(50);
-
-/// The longest lease accepted: 2^53 ms (about 285,000 years), the largest
-/// whole number a Lua script handles exactly, and well inside Redis's 64-bit
-/// millisecond expiry times.
-pub const MAX_LEASE: Duration = Duration::from_millis(1 << 53);
+use crate::watchdog::MIN_RENEW_INTERVAL;
 
 /// When waiting for a holder that set no lease (PTTL -1), re-check at least
 /// this often even without a release message.
@@ -84,7 +77,7 @@ pub struct Lock {
     /// A fenced lock's token key (Redisson's RFencedLock), computed once.
     token_key: Option<String>,
     kind: Kind,
-    /// Its key among a thread's holds (`guard::slot_key`), computed once.
+    /// Its key among a thread's holds (`hold::slot_key`), computed once.
     slot: String,
 }
 
@@ -802,9 +795,9 @@ impl Lock {
                     if in_line {
                         // The wait goes on: its next try settles it (see
                         // `Place`, which settles it if the wait ends).
-                        defer_settle(shared, request);
+                        shared.defer_settle(request);
                     } else {
-                        settle_later(shared, request);
+                        shared.settle_later(request);
                     }
                 } else if let Some(h) = &existing {
                     h.aborted();
@@ -865,41 +858,6 @@ impl Lock {
     }
 }
 
-/// Checks the name of a `what` (lock, semaphore, ...) laid out as Redisson
-/// does: not empty, and on a cluster, its keys and channel in one slot.
-pub(crate) fn check_name(what: &str, name: &str, router: &Router) -> Result<()> {
-    if name.is_empty() {
-        return Err(Error::invalid(format!(
-            "the {what} name is empty: give the {what} a non-empty name"
-        )));
-    }
-    if router.is_cluster() && !scripts::same_slot(name) {
-        // Redisson's layout puts such a name's channel in another slot:
-        // every script would fail with CROSSSLOT.
-        return Err(Error::invalid(format!(
-            "{what} name {name:?} would put its keys in different slots of a Redis Cluster (a \
-             '{{' without a complete, non-empty hash tag, or a '}}' without a '{{'): close \
-             the tag (e.g. \"a{{b}}\") or leave braces out"
-        )));
-    }
-    Ok(())
-}
-
-/// Checks a lease-like duration: at least 1 ms, at most [`MAX_LEASE`].
-pub(crate) fn check_lease(what: &str, d: Duration) -> Result<()> {
-    if d < Duration::from_millis(1) {
-        return Err(Error::invalid(format!(
-            "{what} is {d:?}: use at least 1 ms (Redis leases are whole milliseconds)"
-        )));
-    }
-    if d > MAX_LEASE {
-        return Err(Error::invalid(format!(
-            "{what} of {d:?} is too long: use at most {MAX_LEASE:?}"
-        )));
-    }
-    Ok(())
-}
-
 impl fmt::Debug for Lock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lock")
@@ -926,7 +884,7 @@ impl Drop for Place<'_> {
             return;
         }
         // Failed tries of this wait whose undo waited for a next try.
-        settle_deferred(shared, &lock.slot);
+        shared.settle_deferred(&lock.slot);
         let lock_ref = LockRef {
             name: &lock.name,
             channel: &lock.channel,
@@ -946,10 +904,7 @@ impl Drop for Place<'_> {
             );
             // Until it is settled, this thread's next operation on the lock
             // sets its marker first.
-            settle_later(
-                shared,
-                Unsettled::new(lock_ref, marker, Lost::Leave, None, sent),
-            );
+            shared.settle_later(Unsettled::new(lock_ref, marker, Lost::Leave, None, sent));
         }
     }
 }

@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use crate::connection::{fan_out, Job, Synced};
 use crate::error::{Error, Result};
-use crate::guard::{LockGuard, LostListener, Release};
+use crate::guard::{LockGuard, Release};
+use crate::hold::LostListener;
 use crate::lock::{Attempt, Lock, Request, Terms, Wait};
 use crate::node::Node;
 use crate::pubsub::{Notify, Subscription, Wake};

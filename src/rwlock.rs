@@ -103,7 +103,7 @@ impl ReadWriteLock {
     ///
     /// Empty name, or a Redis or pool error.
     pub fn is_write_locked(&self) -> Result<bool> {
-        crate::lock::check_name("lock", self.name(), self.read.router())?;
+        crate::shared::check_name("lock", self.name(), self.read.router())?;
         let mode: Option<String> = self.read.router().run(self.name(), |c| {
             redis::cmd("HGET").arg(self.name()).arg("mode").query(c)
         })?;

@@ -179,7 +179,7 @@ impl LockRef<'_> {
 
 /// acquire.lua's request: `None` when acquired, else the script's code or
 /// the holder's PTTL. `unsettled` are keys of the owner's requests whose
-/// reply was lost, set first (see `guard::Unsettled`); `gen` is the
+/// reply was lost, set first (see `unsettled::Unsettled`); `gen` is the
 /// request's id, the hold's new generation.
 pub(crate) struct Acquire<'a> {
     pub(crate) lock: LockRef<'a>,

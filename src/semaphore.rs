@@ -24,15 +24,15 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::client::{Client, Shared};
+use crate::client::Client;
 use crate::connection::{send_once, Synced};
 use crate::error::{Error, Result};
-use crate::guard::{Lost, Unsettled};
-use crate::lock::{check_lease, check_name};
 use crate::pubsub::WakeRule;
 use crate::router::Router;
 use crate::scripts::{self, LockRef, PermitsOp, SemaphoreRef};
+use crate::shared::{check_lease, check_name, Shared};
 use crate::time::{deadline, duration_ms};
+use crate::unsettled::{Lost, Unsettled};
 use crate::waiting::{Attempt, Wait, Waiters};
 
 /// The longest a waiter for permits goes without trying again when no

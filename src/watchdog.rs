@@ -13,7 +13,7 @@
 //! in flight, and a guard watched meanwhile only updates that mark.
 //!
 //! Each renewal carries the generation the owner last wrote (see
-//! `guard::LeaseState`): Redis extends the lease only if its owner field still
+//! `hold::LeaseState`): Redis extends the lease only if its owner field still
 //! carries it, so a renewal taken for an earlier state of a hold, or for an
 //! earlier hold of the same owner, cannot extend a lease set since. A lock
 //! the renewal script reports gone (key or owner field missing) is lost at
@@ -37,10 +37,15 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use crate::connection::{fan_out, Job, Synced};
-use crate::guard::{Hold, Lost, RenewToken, Sched, Unsettled};
+use crate::hold::{Hold, RenewToken, Sched};
 use crate::router::{Group, Router};
 use crate::scripts;
 use crate::time::{far_future, jitter};
+use crate::unsettled::{Lost, Unsettled};
+
+/// The shortest renewal interval the watchdog accepts. Renewing thousands of
+/// locks more often than this would turn the watchdog into a load on Redis.
+pub const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(50);
 
 /// Locks per renewal script call; a pipeline carries as many calls as needed.
 pub(crate) const CHUNK: usize = 1000;

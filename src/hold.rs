@@ -1,0 +1,348 @@
+//! What one owner (a thread of a client) holds of one lock: the hold count,
+//! what is known of its lease on Redis, the watchdog's mark, and who is told
+//! when it is lost. Re-entries share one [`Hold`]; the watchdog's entry for
+//! it holds it weakly.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Weak;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::scripts::{Kind, LockRef};
+use crate::time::deadline;
+
+/// What this process knows of a hold's lease on Redis.
+///
+/// Every request that sets the lease (an acquisition, a re-entry, a partial
+/// release, the undo of a lost acquisition) writes a new *generation* (its
+/// request id) next to the owner field, and first lowers `valid_until` to
+/// what it could set: a request that may have run bounds the hold even when
+/// its reply is lost. While such a request is in flight or unsettled
+/// (`busy`), nothing raises the bound; a renewal raises it only if no such
+/// request began between its sending and its reply (`epoch`), and Redis
+/// applies a renewal only if the generation it carries is still the one in
+/// Redis, so a renewal taken for an earlier state of the hold (or for an
+/// earlier hold of the same owner) can neither extend the lease nor the
+/// bound.
+struct LeaseState {
+    /// The lease is known to hold until then.
+    valid_until: Instant,
+    /// Bumped when a lease-setting request begins or is confirmed.
+    epoch: u64,
+    /// Lease-setting requests in flight or whose reply was lost and that are
+    /// not settled yet.
+    busy: u32,
+    /// The generation Redis holds for this hold, as far as known.
+    gen: Option<u64>,
+}
+
+/// What a renewal of a hold carries: the generation it expects, and the
+/// epoch it was taken in (`None` if a lease-setting request was under way:
+/// then its reply cannot raise the bound).
+#[derive(Clone, Copy)]
+pub(crate) struct RenewToken {
+    pub(crate) epoch: Option<u64>,
+    pub(crate) gen: Option<u64>,
+}
+
+/// Where a hold stands in the watchdog's schedule; read and written only
+/// under the watchdog's lock. One hold has at most one entry, always.
+pub(crate) enum Sched {
+    /// Not scheduled.
+    Idle,
+    /// In the schedule under this key.
+    Queued((Instant, u64)),
+    /// Taken for a renewal that is under way; the renewal schedules it again
+    /// if it is still watched, with these terms if `watch` gave new ones.
+    InFlight(Option<(Duration, u64)>),
+}
+
+/// What one owner (this thread of this client) holds of one lock: the
+/// re-entries share it, and so does the watchdog's entry for it.
+pub(crate) struct Hold {
+    pub(crate) client_id: u64,
+    pub(crate) name: String,
+    /// The release channel (`scripts::channel_name`).
+    pub(crate) channel: String,
+    pub(crate) field: String,
+    pub(crate) kind: Kind,
+    /// A read hold's key prefix (`LockRef::hold_prefix`), else empty.
+    pub(crate) prefix: String,
+    /// Its key among this thread's holds ([`slot_key`]).
+    slot: String,
+    /// Guards alive for this owner; changed only by the owning thread.
+    count: AtomicU32,
+    /// Of those, the guards taken without a lease (renewed by the watchdog).
+    watched: AtomicU32,
+    /// The watchdog's lease, while watched guards remain.
+    watch_lease_ms: AtomicU64,
+    /// The lease of the latest acquisition with an explicit lease: what bounds
+    /// the hold again once no watched guard remains.
+    explicit_lease_ms: AtomicU64,
+    lease: Mutex<LeaseState>,
+    lost: AtomicBool,
+    released: AtomicBool,
+    /// A release was sent for this hold after it was found lost.
+    lost_release_sent: AtomicBool,
+    pub(crate) sched: Mutex<Sched>,
+    /// Told once when the hold is reported lost (a RedLock or MultiLock
+    /// guard counting its members).
+    lost_listeners: Mutex<Vec<Weak<dyn LostListener>>>,
+}
+
+/// Told when a hold is reported lost (see [`Hold::on_lost`]).
+pub(crate) trait LostListener: Send + Sync {
+    fn lost(&self);
+}
+
+impl Hold {
+    /// A hold whose first acquisition, request `gen` sent at `sent`, set
+    /// `lease_ms`.
+    pub(crate) fn new(
+        client_id: u64,
+        lock: LockRef<'_>,
+        sent: Instant,
+        lease_ms: u64,
+        gen: u64,
+    ) -> Hold {
+        Hold {
+            client_id,
+            name: lock.name.to_owned(),
+            channel: lock.channel.to_owned(),
+            field: lock.field.to_owned(),
+            kind: lock.kind,
+            prefix: lock.hold_prefix(),
+            slot: slot_key(lock.name, lock.kind),
+            count: AtomicU32::new(0),
+            watched: AtomicU32::new(0),
+            watch_lease_ms: AtomicU64::new(0),
+            explicit_lease_ms: AtomicU64::new(0),
+            lease: Mutex::new(LeaseState {
+                valid_until: deadline(sent, lease_ms),
+                epoch: 0,
+                busy: 0,
+                gen: Some(gen),
+            }),
+            lost: AtomicBool::new(false),
+            released: AtomicBool::new(false),
+            lost_release_sent: AtomicBool::new(false),
+            sched: Mutex::new(Sched::Idle),
+            lost_listeners: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Its key among this thread's holds ([`slot_key`]).
+    pub(crate) fn slot(&self) -> &str {
+        &self.slot
+    }
+
+    /// A guard of the hold (`watched`: taken without a lease) is going:
+    /// the holds left, and whether it was the last watched guard (then the
+    /// watchdog stops, and the explicit-lease guards left are bounded by
+    /// their own lease again).
+    pub(crate) fn guard_gone(&self, watched: bool) -> (u32, bool) {
+        let left = self.count.fetch_sub(1, Ordering::AcqRel).saturating_sub(1);
+        let last_watched = watched && self.watched.fetch_sub(1, Ordering::AcqRel) == 1;
+        (left, last_watched)
+    }
+
+    /// The hold's last guard is being released: the watchdog never renews
+    /// it again, and a late renewal result cannot mark it lost.
+    pub(crate) fn set_released(&self) {
+        self.released.store(true, Ordering::Release);
+    }
+
+    /// `true` for the first caller only: a release of whatever a hold
+    /// found lost may still hold on Redis is sent once.
+    pub(crate) fn take_lost_release(&self) -> bool {
+        !self.lost_release_sent.swap(true, Ordering::AcqRel)
+    }
+
+    pub(crate) fn lock_ref(&self) -> LockRef<'_> {
+        LockRef {
+            name: &self.name,
+            channel: &self.channel,
+            field: &self.field,
+            kind: self.kind,
+        }
+    }
+
+    pub(crate) fn count(&self) -> u32 {
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// Records a guard taken with `lease_ms` (its request confirmed);
+    /// `true` if it is the first watched guard (the caller starts renewal).
+    pub(crate) fn acquired(&self, lease_ms: u64, watched: bool) -> bool {
+        self.count.fetch_add(1, Ordering::AcqRel);
+        if watched {
+            self.watch_lease_ms.store(lease_ms, Ordering::Release);
+            self.watched.fetch_add(1, Ordering::AcqRel) == 0
+        } else {
+            self.explicit_lease_ms.store(lease_ms, Ordering::Release);
+            false
+        }
+    }
+
+    /// The lease the hold's guards need now: the watchdog's while a watched
+    /// guard remains, else that of the latest explicit-lease acquisition.
+    pub(crate) fn needed_lease_ms(&self) -> u64 {
+        if self.watched.load(Ordering::Acquire) > 0 {
+            self.watch_lease_ms.load(Ordering::Acquire)
+        } else {
+            self.explicit_lease_ms.load(Ordering::Acquire)
+        }
+    }
+
+    /// The lease a re-entry with `lease_ms` sets: never shorter than what
+    /// the watched guards need (they are renewed, not bounded).
+    pub(crate) fn reentry_lease_ms(&self, lease_ms: u64, watched: bool) -> u64 {
+        if !watched && self.watched.load(Ordering::Acquire) > 0 {
+            lease_ms.max(self.watch_lease_ms.load(Ordering::Acquire))
+        } else {
+            lease_ms
+        }
+    }
+
+    /// Renewed by the watchdog: active with at least one watched guard.
+    pub(crate) fn is_watched(&self) -> bool {
+        self.is_active() && self.watched.load(Ordering::Acquire) > 0
+    }
+
+    /// A request that sets the lease to `lease_ms` is about to be sent at
+    /// `sent`: whether or not a reply comes, the lease may end then. Returns
+    /// the request's ticket.
+    pub(crate) fn begin(&self, sent: Instant, lease_ms: u64) -> u64 {
+        let mut st = self.lease.lock();
+        st.epoch += 1;
+        st.busy += 1;
+        st.valid_until = st.valid_until.min(deadline(sent, lease_ms));
+        st.epoch
+    }
+
+    /// The owner's request begun at `sent` ran and set `lease_ms` with
+    /// generation `gen`. The owner's requests come one at a time and make
+    /// every earlier one of theirs (and any undo of it) a no-op, so what this
+    /// one set is what Redis has.
+    pub(crate) fn confirmed(&self, sent: Instant, lease_ms: u64, gen: u64) {
+        let mut st = self.lease.lock();
+        st.epoch += 1;
+        st.busy = st.busy.saturating_sub(1);
+        st.valid_until = deadline(sent, lease_ms);
+        st.gen = Some(gen);
+    }
+
+    /// A request begun with [`begin`](Hold::begin) did not run, or ran
+    /// without writing: the bound stays as it is.
+    pub(crate) fn aborted(&self) {
+        let mut st = self.lease.lock();
+        st.busy = st.busy.saturating_sub(1);
+    }
+
+    /// The current epoch, for [`settled`](Hold::settled).
+    pub(crate) fn epoch(&self) -> u64 {
+        self.lease.lock().epoch
+    }
+
+    /// An undo sent at `sent` in epoch `epoch` re-applied `lease_ms` with
+    /// generation `gen`; it counts only if no request of the owner began
+    /// since (the owner's requests make an undo that runs after them a
+    /// no-op, and override one that ran before).
+    pub(crate) fn settled(&self, epoch: u64, sent: Instant, lease_ms: u64, gen: u64) {
+        let mut st = self.lease.lock();
+        if st.epoch == epoch {
+            st.epoch += 1;
+            st.valid_until = deadline(sent, lease_ms);
+            st.gen = Some(gen);
+        }
+    }
+
+    /// A request of this hold whose reply was lost is settled now.
+    pub(crate) fn unbusy(&self) {
+        self.aborted();
+    }
+
+    /// What a renewal sent now carries.
+    pub(crate) fn renew_token(&self) -> RenewToken {
+        let st = self.lease.lock();
+        RenewToken {
+            epoch: (st.busy == 0).then_some(st.epoch),
+            gen: st.gen,
+        }
+    }
+
+    /// A renewal taken with `token` and sent at `sent` extended the lease by
+    /// `lease_ms`: raises the bound unless a lease-setting request began
+    /// since. `true` if it did.
+    pub(crate) fn renewed(&self, token: RenewToken, sent: Instant, lease_ms: u64) -> bool {
+        let mut st = self.lease.lock();
+        if st.busy == 0 && token.epoch == Some(st.epoch) {
+            st.valid_until = st.valid_until.max(deadline(sent, lease_ms));
+            true
+        } else {
+            false
+        }
+    }
+
+    /// A renewal taken with `token` found generation `gen` in Redis: if no
+    /// lease-setting request of this hold was under way or began since, every
+    /// one of them has run or been made a no-op, so `gen` is this hold's
+    /// (written by an undo whose outcome was not known here) and is taken.
+    /// `true` if it was.
+    pub(crate) fn adopt(&self, token: RenewToken, gen: Option<u64>) -> bool {
+        let mut st = self.lease.lock();
+        if st.busy == 0 && token.epoch == Some(st.epoch) {
+            st.gen = gen;
+            true
+        } else {
+            false
+        }
+    }
+
+    pub(crate) fn valid_until(&self) -> Instant {
+        self.lease.lock().valid_until
+    }
+
+    /// Tells `listener` (while it lives) when the hold is reported lost.
+    pub(crate) fn on_lost(&self, listener: Weak<dyn LostListener>) {
+        let mut listeners = self.lost_listeners.lock();
+        listeners.retain(|l| l.strong_count() > 0);
+        listeners.push(listener);
+    }
+
+    /// Tells the listeners (see [`on_lost`](Hold::on_lost)); called once the
+    /// loss is reported.
+    pub(crate) fn tell_lost(&self) {
+        let listeners = std::mem::take(&mut *self.lost_listeners.lock());
+        for l in listeners.iter().filter_map(Weak::upgrade) {
+            l.lost();
+        }
+    }
+
+    /// Marks the hold lost; `true` only for the call that changed it, and
+    /// never for a hold that was released.
+    pub(crate) fn mark_lost(&self) -> bool {
+        !self.released.load(Ordering::Acquire) && !self.lost.swap(true, Ordering::AcqRel)
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+
+    /// Still held as far as this process knows: not released, not lost.
+    pub(crate) fn is_active(&self) -> bool {
+        !self.released.load(Ordering::Acquire) && !self.is_lost()
+    }
+}
+
+/// The key of `name`'s holds of `kind` among a thread's holds: the name, or
+/// for a write lock the name marked as such (a thread may hold the read and
+/// the write lock of one name at once, as two holds).
+pub(crate) fn slot_key(name: &str, kind: Kind) -> String {
+    if kind == Kind::Write {
+        format!("{name}\0write")
+    } else {
+        name.to_owned()
+    }
+}

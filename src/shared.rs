@@ -1,0 +1,155 @@
+//! The context every kind of lock holds ([`Shared`]): the client's ids, its
+//! router, its watchdog and timeouts, with the checks and the hand-off to
+//! settlement that every kind uses. The public `Client` is a handle over it;
+//! the kinds hold it directly and never the `Client`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::owners::{add_pending, owner_state};
+use crate::router::Router;
+use crate::scripts;
+use crate::time::duration_ms;
+use crate::unsettled::Unsettled;
+use crate::watchdog::{LostCallback, Watchdog};
+
+/// The longest lease accepted: 2^53 ms (about 285,000 years), the largest
+/// whole number a Lua script handles exactly, and well inside Redis's 64-bit
+/// millisecond expiry times.
+pub const MAX_LEASE: Duration = Duration::from_millis(1 << 53);
+
+static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
+static NEXT_THREAD_ID: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    static THREAD_ID: u64 = NEXT_THREAD_ID.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A number for the current OS thread, stable for its lifetime and unique in
+/// the process (the `<thread-id>` of the owner field).
+fn thread_id() -> u64 {
+    THREAD_ID.try_with(|id| *id).unwrap_or(0)
+}
+
+/// What a client's locks share: one per `Client` (its clones share it).
+pub(crate) struct Shared {
+    /// A number unique in the process, for the per-thread registry.
+    pub(crate) id: u64,
+    /// The `<client-uuid>` of the owner fields it writes.
+    pub(crate) uuid: String,
+    /// Where it connects, for `Debug` (no password).
+    pub(crate) server: String,
+    pub(crate) router: Arc<Router>,
+    pub(crate) watchdog: Watchdog,
+    pub(crate) watchdog_timeout: Duration,
+    /// How long the latch of a release lives: long enough for a retry of the
+    /// same request to find it (4 response timeouts, at least 1 s).
+    pub(crate) latch_ttl_ms: u64,
+    pub(crate) response_timeout: Duration,
+}
+
+impl Shared {
+    /// The context of a new client on `router` (`server` says where, for
+    /// `Debug`); its watchdog starts with the first watched lock.
+    pub(crate) fn new(
+        router: Arc<Router>,
+        server: String,
+        watchdog_timeout: Duration,
+        response_timeout: Duration,
+        on_lock_lost: Option<LostCallback>,
+    ) -> Shared {
+        Shared {
+            id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
+            uuid: uuid::Uuid::new_v4().to_string(),
+            server,
+            watchdog: Watchdog::new(Arc::clone(&router), on_lock_lost),
+            router,
+            watchdog_timeout,
+            latch_ttl_ms: duration_ms(response_timeout).saturating_mul(4).max(1000),
+            response_timeout,
+        }
+    }
+
+    /// `<client-uuid>:<thread-id>` for the current thread.
+    pub(crate) fn owner_field(&self) -> String {
+        use std::fmt::Write;
+        let mut field = String::with_capacity(self.uuid.len() + 21);
+        field.push_str(&self.uuid);
+        let _ = write!(field, ":{}", thread_id());
+        field
+    }
+
+    /// A number unique to this client, for request ids.
+    pub(crate) fn next_request(&self) -> u64 {
+        self.router.next_request()
+    }
+
+    /// Settles `request` in the background, and until then has this
+    /// thread's next operations on its lock mark it done first.
+    pub(crate) fn settle_later(&self, request: Unsettled) {
+        let request = Arc::new(request);
+        add_pending(self.id, &request);
+        self.watchdog.settle_later(request);
+    }
+
+    /// Has this thread's next operations on its lock mark `request` done
+    /// first, but leaves it unsettled until
+    /// [`settle_deferred`](Shared::settle_deferred): a fair lock's waiter
+    /// whose try failed tries again within the same wait, and that try
+    /// settles it (an undo run meanwhile would take the waiter out of the
+    /// line).
+    pub(crate) fn defer_settle(&self, request: Unsettled) {
+        request.defer();
+        add_pending(self.id, &Arc::new(request));
+    }
+
+    /// Settles in the background the requests of this thread under `slot`
+    /// whose settling was deferred ([`defer_settle`](Shared::defer_settle))
+    /// and that no later operation settled: the wait they belonged to ended
+    /// without the lock.
+    pub(crate) fn settle_deferred(&self, slot: &str) {
+        let (_, pending) = owner_state(self.id, slot);
+        for request in pending {
+            if request.take_deferred() && !request.is_done() {
+                self.watchdog.settle_later(request);
+            }
+        }
+    }
+}
+
+/// Checks the name of a `what` (lock, semaphore, ...) laid out as Redisson
+/// does: not empty, and on a cluster, its keys and channel in one slot.
+pub(crate) fn check_name(what: &str, name: &str, router: &Router) -> Result<()> {
+    if name.is_empty() {
+        return Err(Error::invalid(format!(
+            "the {what} name is empty: give the {what} a non-empty name"
+        )));
+    }
+    if router.is_cluster() && !scripts::same_slot(name) {
+        // Redisson's layout puts such a name's channel in another slot:
+        // every script would fail with CROSSSLOT.
+        return Err(Error::invalid(format!(
+            "{what} name {name:?} would put its keys in different slots of a Redis Cluster (a \
+             '{{' without a complete, non-empty hash tag, or a '}}' without a '{{'): close \
+             the tag (e.g. \"a{{b}}\") or leave braces out"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a lease-like duration: at least 1 ms, at most [`MAX_LEASE`].
+pub(crate) fn check_lease(what: &str, d: Duration) -> Result<()> {
+    if d < Duration::from_millis(1) {
+        return Err(Error::invalid(format!(
+            "{what} is {d:?}: use at least 1 ms (Redis leases are whole milliseconds)"
+        )));
+    }
+    if d > MAX_LEASE {
+        return Err(Error::invalid(format!(
+            "{what} of {d:?} is too long: use at most {MAX_LEASE:?}"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,175 @@
+//! Requests whose reply was lost ([`Unsettled`]): what each was ([`Lost`])
+//! and what settles it. The watchdog's thread retries them until each has
+//! run once.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use crate::hold::{slot_key, Hold};
+use crate::scripts::{self, Kind, LockRef};
+use crate::transport::Connection;
+
+/// A request whose reply was lost: it may have run, or may still run when a
+/// copy held up on the network reaches Redis. The watchdog thread settles it
+/// (undoes the acquisition, or completes the release, see [`Unsettled::kind`])
+/// and retries until that has run once. Until it is settled, every later
+/// acquire or release of the same owner on the same lock sets the request's
+/// key atomically first, so a late copy finds it and does nothing, and the
+/// settling can never touch a later, legitimate hold.
+pub(crate) struct Unsettled {
+    pub(crate) name: String,
+    pub(crate) channel: String,
+    pub(crate) field: String,
+    /// The lock's kind (`kind` is what the request was).
+    pub(crate) lock_kind: Kind,
+    /// Its key among this thread's holds ([`slot_key`]).
+    slot: String,
+    /// The request's key: an acquire's cancel marker or a release's latch.
+    /// Set with a TTL of [`scripts::LATE_REQUEST_WINDOW_MS`].
+    pub(crate) key: String,
+    pub(crate) kind: Lost,
+    /// The hold whose lease the request may have set (a re-entry or a
+    /// partial release): it stays busy until the request is settled.
+    pub(crate) hold: Option<Weak<Hold>>,
+    /// When the request was sent.
+    pub(crate) sent: Instant,
+    done: AtomicBool,
+    /// Not handed to the watchdog yet (see `Shared::defer_settle`).
+    deferred: AtomicBool,
+}
+
+/// What an [`Unsettled`] request was.
+pub(crate) enum Lost {
+    /// An acquisition, sent while the owner had `held` holds: undo it, and
+    /// re-apply `lease_ms` (what the remaining holds need) if any remain.
+    Acquire { held: u32, lease_ms: u64 },
+    /// A release leaving `left` holds: complete it (same latch, so it runs
+    /// at most once).
+    Release { left: u32, lease_ms: u64 },
+    /// What one semaphore acquisition holds (`book`: the semaphore's
+    /// records, with the record under `field`; or, with `permit`, an
+    /// expirable semaphore's set of permits out and the permit's id):
+    /// return it (`key` is the release's latch, or for `undo` the
+    /// acquisition's cancel marker). `undo` (an acquisition whose reply was
+    /// lost) first sets the marker, so that a late copy of the acquisition
+    /// does nothing.
+    Permits {
+        book: String,
+        permit: Option<[u8; 16]>,
+        undo: bool,
+    },
+    /// A fair lock's waiter (`field`) that gave up: take it out of the line
+    /// (`key` is the request's marker, which the owner's next operation on
+    /// the lock sets first, so that a late leave spares a later place).
+    Leave,
+}
+
+impl Unsettled {
+    pub(crate) fn new(
+        lock: LockRef<'_>,
+        key: String,
+        kind: Lost,
+        hold: Option<&Arc<Hold>>,
+        sent: Instant,
+    ) -> Unsettled {
+        Unsettled {
+            name: lock.name.to_owned(),
+            channel: lock.channel.to_owned(),
+            field: lock.field.to_owned(),
+            lock_kind: lock.kind,
+            slot: slot_key(lock.name, lock.kind),
+            key,
+            kind,
+            hold: hold.map(Arc::downgrade),
+            sent,
+            done: AtomicBool::new(false),
+            deferred: AtomicBool::new(false),
+        }
+    }
+
+    /// Its key among this thread's holds ([`slot_key`]).
+    pub(crate) fn slot(&self) -> &str {
+        &self.slot
+    }
+
+    /// Not to be handed to the watchdog until the owner says so (see
+    /// `Shared::defer_settle`).
+    pub(crate) fn defer(&self) {
+        self.deferred.store(true, Ordering::Release);
+    }
+
+    /// `true` once for a request that was deferred: the caller settles it.
+    pub(crate) fn take_deferred(&self) -> bool {
+        self.deferred.swap(false, Ordering::AcqRel)
+    }
+
+    pub(crate) fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+
+    /// For semaphore permits: returns them (one script call on `conn`;
+    /// `latch_ms`: how long its latch lives). `None` for another kind.
+    pub(crate) fn return_permits(
+        &self,
+        conn: &mut Connection,
+        latch_ms: u64,
+        publish: &str,
+    ) -> Option<redis::RedisResult<i64>> {
+        let Lost::Permits { book, permit, undo } = &self.kind else {
+            return None;
+        };
+        let held = match permit {
+            Some(id) => scripts::Held::Permit(id),
+            None => scripts::Held::Record(&self.field),
+        };
+        let sem = scripts::SemaphoreRef {
+            name: &self.name,
+            channel: &self.channel,
+            book,
+        };
+        // A release's latch is its key; an undo's is its own, next to the
+        // acquisition's cancel marker (its key).
+        let latch = if *undo {
+            format!("{}:undo", self.key)
+        } else {
+            self.key.clone()
+        };
+        let marker = undo.then_some(self.key.as_str());
+        Some(scripts::return_permits(
+            conn, sem, held, &latch, marker, latch_ms, publish,
+        ))
+    }
+
+    /// The request has run once, or can no longer run: its hold is no
+    /// longer busy with it.
+    pub(crate) fn set_done(&self) {
+        if !self.done.swap(true, Ordering::AcqRel) {
+            if let Some(hold) = self.hold.as_ref().and_then(Weak::upgrade) {
+                hold.unbusy();
+            }
+        }
+    }
+
+    /// The hold the request belongs to, while it is still held.
+    pub(crate) fn active_hold(&self) -> Option<Arc<Hold>> {
+        self.hold
+            .as_ref()
+            .and_then(Weak::upgrade)
+            .filter(|h| h.is_active())
+    }
+
+    pub(crate) fn lock_ref(&self) -> LockRef<'_> {
+        LockRef {
+            name: &self.name,
+            channel: &self.channel,
+            field: &self.field,
+            kind: self.lock_kind,
+        }
+    }
+}
+
+/// The keys of `requests`, as the scripts take them.
+pub(crate) fn keys(requests: &[Arc<Unsettled>]) -> Vec<&str> {
+    requests.iter().map(|r| r.key.as_str()).collect()
+}
