@@ -159,7 +159,7 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub fn count_down_latch(&self, name: impl Into<String>) -> CountDownLatch {
-        CountDownLatch::new(self.clone(), name.into())
+        CountDownLatch::new(Arc::clone(&self.shared), name.into())
     }
 
     /// A handle on the fair lock named `name` (Redisson's `RFairLock`
@@ -173,7 +173,7 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub fn fair_lock(&self, name: impl Into<String>) -> FairLock {
-        FairLock::new(self.clone(), name.into())
+        FairLock::new(Arc::clone(&self.shared), name.into())
     }
 
     /// A handle on the read-write lock named `name` (Redisson's
@@ -188,7 +188,7 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub fn read_write_lock(&self, name: impl Into<String>) -> ReadWriteLock {
-        ReadWriteLock::new(self.clone(), name.into())
+        ReadWriteLock::new(Arc::clone(&self.shared), name.into())
     }
 
     /// A handle on the semaphore named `name` (Redisson's `RSemaphore`
@@ -203,7 +203,7 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub fn semaphore(&self, name: impl Into<String>) -> Semaphore {
-        Semaphore::new(self.clone(), name.into())
+        Semaphore::new(Arc::clone(&self.shared), name.into())
     }
 
     /// A handle on the permit-expirable semaphore named `name` (Redisson's
@@ -220,7 +220,7 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub fn permit_expirable_semaphore(&self, name: impl Into<String>) -> ExpirableSemaphore {
-        ExpirableSemaphore::new(self.clone(), name.into())
+        ExpirableSemaphore::new(Arc::clone(&self.shared), name.into())
     }
 
     /// A handle on the fenced lock named `name` (Redisson's `RFencedLock`):
@@ -239,14 +239,14 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub fn fenced_lock(&self, name: impl Into<String>) -> Lock {
-        Lock::fenced(self.clone(), name.into())
+        Lock::fenced(Arc::clone(&self.shared), name.into())
     }
 
     /// A handle on the lock named `name` (any UTF-8, including braces,
     /// newlines and NUL). Cheap and infallible: the name is checked when the
     /// lock is used.
     pub fn lock(&self, name: impl Into<String>) -> Lock {
-        Lock::new(self.clone(), name.into())
+        Lock::new(Arc::clone(&self.shared), name.into())
     }
 
     /// This client's id, the `<client-uuid>` part of the owner field it

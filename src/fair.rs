@@ -2,13 +2,14 @@
 //! to its waiters in the order they came.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::client::Client;
 use crate::error::Result;
 use crate::guard::LockGuard;
 use crate::lock::{acquire_methods, Lock};
 use crate::scripts::Kind;
+use crate::shared::Shared;
 
 /// A distributed fair lock, shared with Redisson's `RFairLock` on the same
 /// name: a reentrant lock whose waiters get it in the order they came,
@@ -46,9 +47,9 @@ pub struct FairLock {
 }
 
 impl FairLock {
-    pub(crate) fn new(client: Client, name: String) -> FairLock {
+    pub(crate) fn new(shared: Arc<Shared>, name: String) -> FairLock {
         FairLock {
-            lock: Lock::of_kind(client, name, Kind::Fair),
+            lock: Lock::of_kind(shared, name, Kind::Fair),
         }
     }
 

@@ -6,12 +6,12 @@ use std::marker::PhantomData;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
-use crate::client::Client;
 use crate::connection::Synced;
 use crate::error::{Error, Result};
 use crate::hold::{Hold, LostListener};
 use crate::owners::{is_latest, owner_state, remove_hold, settle};
 use crate::scripts;
+use crate::shared::Shared;
 use crate::unsettled::{keys, Lost, Unsettled};
 
 /// A held lock. Dropping it releases one hold (the lock is free once every
@@ -45,7 +45,7 @@ use crate::unsettled::{keys, Lost, Unsettled};
 /// ```
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct LockGuard {
-    client: Client,
+    shared: Arc<Shared>,
     hold: Arc<Hold>,
     /// Taken without a lease: renewed by the watchdog.
     watched: bool,
@@ -57,13 +57,13 @@ pub struct LockGuard {
 
 impl LockGuard {
     pub(crate) fn new(
-        client: Client,
+        shared: Arc<Shared>,
         hold: Arc<Hold>,
         watched: bool,
         token: Option<u64>,
     ) -> LockGuard {
         LockGuard {
-            client,
+            shared,
             hold,
             watched,
             token,
@@ -166,9 +166,9 @@ impl LockGuard {
         self.hold.on_lost(listener);
     }
 
-    /// The client the guard belongs to.
-    pub(crate) fn client(&self) -> &Client {
-        &self.client
+    /// The context of the client the guard belongs to.
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 
     /// The part of a release before its round trip: the guard's
@@ -187,7 +187,7 @@ impl LockGuard {
         if last_watched {
             // The watchdog stops, and what is left (explicit-lease guards)
             // is bounded by its own lease again.
-            self.client.shared.watchdog.unwatch(&hold);
+            self.shared.watchdog.unwatch(&hold);
         }
         if hold.is_lost() {
             if left == 0 {
@@ -247,8 +247,7 @@ impl LockGuard {
             None => {
                 // Gone on the server: the other guards of this owner are lost too.
                 if hold.mark_lost() {
-                    self.client
-                        .shared
+                    self.shared
                         .watchdog
                         .report_lost(hold, "its key or owner field is gone from redis");
                 }
@@ -262,7 +261,7 @@ impl LockGuard {
     /// remain), made ready to send; a partial release lowers the hold's
     /// bound to what it may set.
     fn prepare_release(&self, hold: &Arc<Hold>, left: u32, lease_ms: u64) -> ReleaseRequest {
-        let shared = &self.client.shared;
+        let shared = &self.shared;
         let n = shared.next_request();
         let latch = scripts::unlock_latch_name(&hold.name, &hold.field, n);
         let (_, pending) = owner_state(hold.client_id, hold.slot());
@@ -288,7 +287,7 @@ impl LockGuard {
 
     /// The release script's request for `r`.
     fn release_script<'a>(&'a self, r: &'a ReleaseRequest) -> scripts::Release<'a> {
-        let shared = &self.client.shared;
+        let shared = &self.shared;
         scripts::Release {
             lock: self.hold.lock_ref(),
             latch: &r.latch,
@@ -304,7 +303,7 @@ impl LockGuard {
 
     /// Sends `r` on its own (one round trip, routed).
     pub(crate) fn send_release(&self, r: &ReleaseRequest) -> Result<(Option<i64>, Synced)> {
-        let shared = &self.client.shared;
+        let shared = &self.shared;
         let hold = &self.hold;
         // A release fewer replicas confirmed is still done on the master: at
         // worst a failover brings the lock back until its lease runs out.
@@ -323,7 +322,7 @@ impl LockGuard {
         r: ReleaseRequest,
         reply: Result<(Option<i64>, Synced)>,
     ) -> Result<Option<i64>> {
-        let shared = &self.client.shared;
+        let shared = &self.shared;
         let hold = &self.hold;
         let partial = r.left > 0;
         match reply.map(|(reply, _)| reply) {

@@ -2,14 +2,15 @@
 //! Redis that any client counts down; waiters wake when it reaches zero.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::client::Client;
 use crate::connection::send_once;
 use crate::error::{Error, Result};
 use crate::pubsub::{Subscription, Wake, WakeRule};
 use crate::router::Router;
 use crate::scripts::{self, LatchOp};
+use crate::shared::Shared;
 use crate::time::far_future;
 
 /// A distributed count-down latch, shared with Redisson's `RCountDownLatch`
@@ -36,15 +37,15 @@ use crate::time::far_future;
 #[derive(Clone)]
 #[must_use = "a CountDownLatch does nothing until one of its methods is called"]
 pub struct CountDownLatch {
-    client: Client,
+    shared: Arc<Shared>,
     name: String,
     channel: String,
 }
 
 impl CountDownLatch {
-    pub(crate) fn new(client: Client, name: String) -> CountDownLatch {
+    pub(crate) fn new(shared: Arc<Shared>, name: String) -> CountDownLatch {
         CountDownLatch {
-            client,
+            shared,
             channel: scripts::latch_channel_name(&name),
             name,
         }
@@ -57,7 +58,7 @@ impl CountDownLatch {
     }
 
     fn router(&self) -> &Router {
-        &self.client.shared.router
+        &self.shared.router
     }
 
     fn check_name(&self) -> Result<()> {

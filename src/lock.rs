@@ -4,7 +4,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::client::Client;
 use crate::connection::Synced;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
@@ -13,7 +12,7 @@ use crate::owners::{insert_hold, owner_state, settle};
 use crate::pubsub::{Subscription, WakeRule};
 use crate::router::Router;
 use crate::scripts::{self, AcquireReply, Kind, LockRef};
-use crate::shared::{check_lease, check_name};
+use crate::shared::{check_lease, check_name, Shared};
 use crate::time::duration_ms;
 use crate::unsettled::{keys, Lost, Unsettled};
 use crate::waiting::Waiters;
@@ -69,7 +68,7 @@ const FAIR_RECHECK: Duration = Duration::from_secs(2);
 #[derive(Clone)]
 #[must_use = "a Lock does nothing until one of its methods is called"]
 pub struct Lock {
-    client: Client,
+    shared: Arc<Shared>,
     name: String,
     /// The release channel, computed once.
     channel: String,
@@ -121,19 +120,19 @@ pub(crate) struct Request {
 }
 
 impl Lock {
-    pub(crate) fn new(client: Client, name: String) -> Lock {
-        Lock::of_kind(client, name, Kind::Plain)
+    pub(crate) fn new(shared: Arc<Shared>, name: String) -> Lock {
+        Lock::of_kind(shared, name, Kind::Plain)
     }
 
     /// A fenced lock (see [`Client::fenced_lock`]).
-    pub(crate) fn fenced(client: Client, name: String) -> Lock {
-        Lock::of_kind(client, name, Kind::Fenced)
+    pub(crate) fn fenced(shared: Arc<Shared>, name: String) -> Lock {
+        Lock::of_kind(shared, name, Kind::Fenced)
     }
 
     /// A lock of `kind`: its channel, token key and slot key.
-    pub(crate) fn of_kind(client: Client, name: String, kind: Kind) -> Lock {
+    pub(crate) fn of_kind(shared: Arc<Shared>, name: String, kind: Kind) -> Lock {
         Lock {
-            client,
+            shared,
             channel: if kind.is_rw() {
                 scripts::rw_channel_name(&name)
             } else {
@@ -150,7 +149,7 @@ impl Lock {
     /// This thread's owner field for this lock (`:write` appended for a
     /// write lock).
     fn owner_field(&self) -> String {
-        let mut field = self.client.shared.owner_field();
+        let mut field = self.shared.owner_field();
         if self.kind == Kind::Write {
             field.push_str(":write");
         }
@@ -421,11 +420,11 @@ impl Lock {
     /// Empty name, or a Redis or pool error.
     pub fn force_unlock(&self) -> Result<bool> {
         self.check_name()?;
-        let shared = &self.client.shared;
+        let shared = &self.shared;
         // A latch per request: a retry after a lost reply returns what the
         // first run did, not "nothing to delete".
         let latch =
-            scripts::force_unlock_latch_name(&self.name, self.client.id(), shared.next_request());
+            scripts::force_unlock_latch_name(&self.name, &shared.uuid, shared.next_request());
         let (deleted, _) = self.router().run_synced(&self.name, |conn| {
             scripts::force_unlock(
                 conn,
@@ -441,13 +440,13 @@ impl Lock {
     }
 
     pub(crate) fn router(&self) -> &Router {
-        &self.client.shared.router
+        &self.shared.router
     }
 
     /// `true` if this thread holds this lock as `kind` through this client,
     /// as far as it knows (not released, not found lost).
     fn held_as(&self, kind: Kind) -> bool {
-        owner_state(self.client.shared.id, &slot_key(&self.name, kind))
+        owner_state(self.shared.id, &slot_key(&self.name, kind))
             .0
             .is_some()
     }
@@ -471,7 +470,7 @@ impl Lock {
     pub(crate) fn as_kind(&self, kind: Kind) -> Lock {
         Lock {
             renew_interval: self.renew_interval,
-            ..Lock::of_kind(self.client.clone(), self.name.clone(), kind)
+            ..Lock::of_kind(Arc::clone(&self.shared), self.name.clone(), kind)
         }
     }
 
@@ -481,7 +480,7 @@ impl Lock {
 
     pub(crate) fn watchdog_terms(&self) -> Result<Terms> {
         self.check_name()?;
-        let lease = self.client.shared.watchdog_timeout;
+        let lease = self.shared.watchdog_timeout;
         let interval = match self.renew_interval {
             Some(i) => {
                 if i < MIN_RENEW_INTERVAL {
@@ -546,7 +545,7 @@ impl Lock {
         // A live waiter renews its place at least every FAIR_RECHECK plus
         // a reply (and a subscription) that may take a response timeout
         // each: its place outlasts that.
-        let response_ms = duration_ms(self.client.shared.response_timeout);
+        let response_ms = duration_ms(self.shared.response_timeout);
         let place_ms =
             duration_ms(FAIR_PLACE).max(duration_ms(FAIR_RECHECK) + 2 * response_ms + 1000);
         let mut terms = Terms {
@@ -636,7 +635,7 @@ impl Lock {
     /// Everything an acquire request decides before its round trip; marks
     /// an existing hold's bound as what the request may set.
     pub(crate) fn prepare(&self, terms: &Terms) -> Request {
-        let shared = &self.client.shared;
+        let shared = &self.shared;
         let (existing, pending) = owner_state(shared.id, &self.slot);
         let field = existing
             .as_ref()
@@ -723,9 +722,9 @@ impl Lock {
         &self.channel
     }
 
-    /// The client this lock belongs to.
-    pub(crate) fn client(&self) -> &Client {
-        &self.client
+    /// The context of the client this lock belongs to.
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 
     /// Sends `request` on its own (one round trip, routed).
@@ -745,7 +744,7 @@ impl Lock {
         r: Request,
         reply: Result<(AcquireReply, Synced)>,
     ) -> Result<Attempt<LockGuard>> {
-        let shared = &self.client.shared;
+        let shared = &self.shared;
         // A fair lock's waiter, whose wait goes on after a failed try.
         let in_line = r.place_ms > 0;
         let Request {
@@ -846,7 +845,7 @@ impl Lock {
             }
         };
         let first_watched = hold.acquired(terms.lease_ms, watched);
-        let guard = LockGuard::new(self.client.clone(), Arc::clone(&hold), watched, token);
+        let guard = LockGuard::new(Arc::clone(&self.shared), Arc::clone(&hold), watched, token);
         if let (true, Some(interval)) = (first_watched, terms.renew) {
             // The guard releases the lock if the watchdog cannot start.
             shared
@@ -878,7 +877,7 @@ struct Place<'a> {
 impl Drop for Place<'_> {
     fn drop(&mut self) {
         let lock = self.lock;
-        let shared = &lock.client.shared;
+        let shared = &lock.shared;
         if self.taken {
             // The try that took the lock settled the failed tries before it.
             return;

@@ -240,7 +240,7 @@ impl RedLock {
                  give each member its own client, one per independent master",
                 a.name(),
                 b.name(),
-                a.client().shared.server
+                a.shared().server
             )));
         }
         let needed = members.len() / 2 + 1;
@@ -280,7 +280,7 @@ impl MultiLock {
                 "the MultiLock lists lock {:?} on {} twice: list each lock once (two clients \
                  of one server could never both hold it)",
                 a.name(),
-                a.client().shared.server
+                a.shared().server
             )));
         }
         let needed = members.len();
@@ -301,11 +301,11 @@ impl MultiLock {
 /// when `same_name`).
 fn same_server(members: &[Lock], same_name: bool) -> Option<(&Lock, &Lock)> {
     members.iter().enumerate().find_map(|(i, a)| {
-        let sa = &a.client().shared;
+        let sa = a.shared();
         members[i + 1..]
             .iter()
             .find(|b| {
-                let sb = &b.client().shared;
+                let sb = b.shared();
                 (!same_name || a.name() == b.name())
                     && (Arc::ptr_eq(sa, sb) || sa.server == sb.server)
             })
@@ -560,7 +560,7 @@ fn release_all(guards: Vec<LockGuard>) -> Result<()> {
     }
     let targets: Vec<(&Router, &str)> = sending
         .iter()
-        .map(|(g, _)| (&*g.client().shared.router, g.name()))
+        .map(|(g, _)| (&*g.shared().router, g.name()))
         .collect();
     let packed = sending
         .iter()

@@ -2,13 +2,14 @@
 //! layout): any number of readers, or one writer.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::client::Client;
 use crate::error::Result;
 use crate::guard::LockGuard;
 use crate::lock::{acquire_methods, Lock};
 use crate::scripts::Kind;
+use crate::shared::Shared;
 
 /// A distributed read-write lock, shared with Redisson's `RReadWriteLock` on
 /// the same name: any number of readers hold it at once, or one writer
@@ -60,8 +61,8 @@ pub struct ReadWriteLock {
 }
 
 impl ReadWriteLock {
-    pub(crate) fn new(client: Client, name: String) -> ReadWriteLock {
-        let read = Lock::of_kind(client, name, Kind::Read);
+    pub(crate) fn new(shared: Arc<Shared>, name: String) -> ReadWriteLock {
+        let read = Lock::of_kind(shared, name, Kind::Read);
         ReadWriteLock {
             write: read.as_kind(Kind::Write),
             read,

@@ -24,7 +24,6 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::client::Client;
 use crate::connection::{send_once, Synced};
 use crate::error::{Error, Result};
 use crate::pubsub::WakeRule;
@@ -49,7 +48,7 @@ const MAX_PERMITS: u64 = 1 << 53;
 /// The names of one semaphore and the client it is used through.
 #[derive(Clone)]
 struct Names {
-    client: Client,
+    shared: Arc<Shared>,
     name: String,
     channel: String,
     /// The permit records (`Semaphore`) or the set of permits out
@@ -58,9 +57,9 @@ struct Names {
 }
 
 impl Names {
-    fn new(client: Client, name: String, book: fn(&str) -> String) -> Names {
+    fn new(shared: Arc<Shared>, name: String, book: fn(&str) -> String) -> Names {
         Names {
-            client,
+            shared,
             channel: scripts::semaphore_channel_name(&name),
             book: book(&name),
             name,
@@ -68,11 +67,11 @@ impl Names {
     }
 
     fn shared(&self) -> &Shared {
-        &self.client.shared
+        &self.shared
     }
 
     fn router(&self) -> &Router {
-        &self.client.shared.router
+        &self.shared.router
     }
 
     fn sem(&self) -> SemaphoreRef<'_> {
@@ -300,9 +299,9 @@ pub struct Semaphore {
 }
 
 impl Semaphore {
-    pub(crate) fn new(client: Client, name: String) -> Semaphore {
+    pub(crate) fn new(shared: Arc<Shared>, name: String) -> Semaphore {
         Semaphore {
-            names: Names::new(client, name, scripts::semaphore_records_name),
+            names: Names::new(shared, name, scripts::semaphore_records_name),
         }
     }
 
@@ -469,7 +468,7 @@ impl Semaphore {
         let names = &self.names;
         let shared = names.shared();
         let n = shared.next_request();
-        let client_id = self.names.client.id();
+        let client_id = shared.uuid.as_str();
         let mut field = String::with_capacity(client_id.len() + 21);
         field.push_str(client_id);
         field.push(':');
@@ -668,9 +667,9 @@ impl ExpirableSemaphore {
     /// epoch milliseconds; Redisson reads far larger ones as "never").
     pub const MAX_LEASE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
-    pub(crate) fn new(client: Client, name: String) -> ExpirableSemaphore {
+    pub(crate) fn new(shared: Arc<Shared>, name: String) -> ExpirableSemaphore {
         ExpirableSemaphore {
-            names: Names::new(client, name, scripts::permits_out_name),
+            names: Names::new(shared, name, scripts::permits_out_name),
         }
     }
 
