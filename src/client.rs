@@ -6,21 +6,21 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cluster::{Cluster, NodeSettings, PubSubMode};
-use crate::connection::{Counters, PoolSettings, Redis, SyncReplicas, Threads};
+use crate::engine::shared::{check_lease, Shared};
+use crate::engine::watchdog::{LostCallback, MIN_RENEW_INTERVAL};
 use crate::error::{Error, Result};
-use crate::fair::FairLock;
-use crate::latch::CountDownLatch;
-use crate::lock::Lock;
-use crate::node::Node;
-use crate::pubsub::PubSub;
-use crate::router::Router;
-use crate::rwlock::ReadWriteLock;
-use crate::semaphore::{ExpirableSemaphore, Semaphore};
-use crate::shared::{check_lease, Shared};
-use crate::target::{Sentinel, Target};
-use crate::transport::{Endpoint, TlsOptions};
-use crate::watchdog::{LostCallback, MIN_RENEW_INTERVAL};
+use crate::kinds::fair::FairLock;
+use crate::kinds::latch::CountDownLatch;
+use crate::kinds::lock::Lock;
+use crate::kinds::rwlock::ReadWriteLock;
+use crate::kinds::semaphore::{ExpirableSemaphore, Semaphore};
+use crate::net::cluster::{Cluster, NodeSettings, PubSubMode};
+use crate::net::node::Node;
+use crate::net::pool::{Counters, PoolSettings, Redis, SyncReplicas, Threads};
+use crate::net::pubsub::PubSub;
+use crate::net::router::Router;
+use crate::net::target::{Sentinel, Target};
+use crate::net::transport::{Endpoint, TlsOptions};
 
 /// The longest `connection_timeout` or `response_timeout` accepted.
 const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);

@@ -114,44 +114,35 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+// The layers, top down; an import only points down this list (checked by
+// tests/layers.rs):
+//   client.rs  the public Client and its builder: a handle over engine::Shared
+//   kinds/     one public kind per file; never imports client.rs
+//   engine/    what every kind shares; knows no kind's public type
+//   scripts.rs Redisson's key names and the Lua scripts, and how they run
+//   net/       reaching Redis; knows no lock
+//   error.rs, time.rs  the ground
 mod client;
-mod cluster;
-mod connection;
+mod engine;
 mod error;
-mod fair;
-mod guard;
-mod hold;
-mod latch;
-mod lock;
-mod multi;
-mod node;
-mod owners;
-mod pubsub;
-mod router;
-mod rwlock;
+mod kinds;
+mod net;
 mod scripts;
-mod semaphore;
-mod shared;
-mod target;
 mod time;
-mod transport;
-mod unsettled;
-mod waiting;
-mod watchdog;
 
 pub use crate::client::{Client, ClientBuilder, ClientStats};
+pub use crate::engine::shared::MAX_LEASE;
+pub use crate::engine::watchdog::MIN_RENEW_INTERVAL;
 pub use crate::error::{Error, Result};
-pub use crate::fair::FairLock;
-pub use crate::guard::LockGuard;
-pub use crate::latch::CountDownLatch;
-pub use crate::lock::{Lock, FAIR_PLACE};
-pub use crate::multi::{MultiGuard, MultiLock, RedLock};
-pub use crate::rwlock::{ReadLock, ReadWriteLock, WriteLock};
-pub use crate::semaphore::{
+pub use crate::kinds::fair::FairLock;
+pub use crate::kinds::guard::LockGuard;
+pub use crate::kinds::latch::CountDownLatch;
+pub use crate::kinds::lock::{Lock, FAIR_PLACE};
+pub use crate::kinds::multi::{MultiGuard, MultiLock, RedLock};
+pub use crate::kinds::rwlock::{ReadLock, ReadWriteLock, WriteLock};
+pub use crate::kinds::semaphore::{
     ExpirableSemaphore, Permit, Semaphore, SemaphorePermits, PERMIT_RECHECK,
 };
-pub use crate::shared::MAX_LEASE;
-pub use crate::watchdog::MIN_RENEW_INTERVAL;
 
 // Every Rust block of the README compiles as a doctest.
 #[cfg(doctest)]

@@ -109,7 +109,7 @@ impl Lua {
     /// script cache, e.g. on a restart).
     fn run<T: FromRedisValue>(
         &self,
-        conn: &mut crate::transport::Connection,
+        conn: &mut crate::net::transport::Connection,
         num_keys: usize,
         fill: impl Fn(&mut Cmd),
     ) -> RedisResult<T> {
@@ -264,7 +264,10 @@ impl Acquire<'_> {
     }
 
     /// Runs it in one round trip.
-    pub(crate) fn run(&self, conn: &mut crate::transport::Connection) -> RedisResult<AcquireReply> {
+    pub(crate) fn run(
+        &self,
+        conn: &mut crate::net::transport::Connection,
+    ) -> RedisResult<AcquireReply> {
         AcquireReply::parse(self.script().run(conn, self.keys(), |cmd| self.fill(cmd))?)
     }
 
@@ -311,7 +314,7 @@ impl AcquireReply {
 /// A count-down latch's script call: `(key, channel, args)`; 1 or 0, or the
 /// count left.
 pub(crate) fn latch(
-    conn: &mut crate::transport::Connection,
+    conn: &mut crate::net::transport::Connection,
     op: LatchOp,
     key: &str,
     channel: &str,
@@ -407,7 +410,10 @@ impl Release<'_> {
     }
 
     /// Runs it in one round trip.
-    pub(crate) fn run(&self, conn: &mut crate::transport::Connection) -> RedisResult<Option<i64>> {
+    pub(crate) fn run(
+        &self,
+        conn: &mut crate::net::transport::Connection,
+    ) -> RedisResult<Option<i64>> {
         self.script().run(conn, self.keys(), |cmd| self.fill(cmd))
     }
 
@@ -421,7 +427,7 @@ impl Release<'_> {
 /// cancel_acquire.lua: 1 if an acquisition was undone.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn cancel_acquire(
-    conn: &mut crate::transport::Connection,
+    conn: &mut crate::net::transport::Connection,
     lock: LockRef<'_>,
     marker: &str,
     held: u32,
@@ -467,7 +473,7 @@ pub(crate) struct SemaphoreRef<'a> {
 /// semaphore_acquire.lua: -1 acquired, -3 cancelled, else the permits
 /// available.
 pub(crate) fn semaphore_acquire(
-    conn: &mut crate::transport::Connection,
+    conn: &mut crate::net::transport::Connection,
     sem: SemaphoreRef<'_>,
     marker: &str,
     permits: u32,
@@ -491,7 +497,7 @@ pub(crate) fn semaphore_acquire(
 /// not out).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn return_permits(
-    conn: &mut crate::transport::Connection,
+    conn: &mut crate::net::transport::Connection,
     sem: SemaphoreRef<'_>,
     held: Held<'_>,
     latch: &str,
@@ -540,7 +546,7 @@ pub(crate) enum PermitsOp {
 
 /// A semaphore's counting script (either kind).
 pub(crate) fn permits(
-    conn: &mut crate::transport::Connection,
+    conn: &mut crate::net::transport::Connection,
     sem: SemaphoreRef<'_>,
     op: PermitsOp,
     publish: &str,
@@ -561,7 +567,7 @@ pub(crate) fn permits(
 /// permit_acquire.lua: -1 acquired, -3 cancelled, -2 nothing will expire,
 /// else the ms until the first permit out expires.
 pub(crate) fn permit_acquire(
-    conn: &mut crate::transport::Connection,
+    conn: &mut crate::net::transport::Connection,
     sem: SemaphoreRef<'_>,
     marker: &str,
     lease_ms: u64,
@@ -582,7 +588,7 @@ pub(crate) fn permit_acquire(
 /// permit_lease.lua: counts expired permits back; then sets permit `id`'s
 /// lease (1, or 0 if it is not out), or returns the permits available.
 pub(crate) fn permit_lease(
-    conn: &mut crate::transport::Connection,
+    conn: &mut crate::net::transport::Connection,
     sem: SemaphoreRef<'_>,
     update: Option<(&[u8], u64)>,
     publish: &str,
@@ -652,7 +658,7 @@ pub(crate) fn permit_cancel_name(name: &str, id: &str) -> String {
 /// request finds the latch).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn force_unlock(
-    conn: &mut crate::transport::Connection,
+    conn: &mut crate::net::transport::Connection,
     name: &str,
     channel: &str,
     kind: Kind,
@@ -686,7 +692,7 @@ pub(crate) fn force_unlock(
 /// `lock.name` (the first waiter left is woken if the lock is free), once:
 /// 1, or 0 if `marker` (living `marker_ms`) says it ran already.
 pub(crate) fn fair_leave(
-    conn: &mut crate::transport::Connection,
+    conn: &mut crate::net::transport::Connection,
     lock: LockRef<'_>,
     marker: &str,
     marker_ms: u64,
@@ -757,9 +763,9 @@ fn request_key(prefix: &str, name: &str, field: &str, n: u64) -> String {
 /// one with a complete, non-empty hash tag of its own.
 pub(crate) fn same_slot(name: &str) -> bool {
     let channel = channel_name(name);
-    crate::cluster::slot(name.as_bytes()) == crate::cluster::slot(channel.as_bytes())
-        && crate::cluster::slot(unlock_latch_name(name, "x", 0).as_bytes())
-            == crate::cluster::slot(name.as_bytes())
+    crate::net::cluster::slot(name.as_bytes()) == crate::net::cluster::slot(channel.as_bytes())
+        && crate::net::cluster::slot(unlock_latch_name(name, "x", 0).as_bytes())
+            == crate::net::cluster::slot(name.as_bytes())
 }
 
 /// Redisson's `suffixName`: `{<name>}:<suffix>`, or `<name>:<suffix>` when

@@ -25,7 +25,7 @@ const WAIT: Duration = Duration::from_secs(10);
 /// How often PTTL is sampled.
 const SAMPLE_EVERY: Duration = Duration::from_millis(50);
 
-/// Locks per renewal script call in `src/watchdog.rs`.
+/// Locks per renewal script call in `src/engine/watchdog.rs`.
 const CHUNK: u64 = 1000;
 
 /// Env vars of the worker-process pattern (see [`worker`]).

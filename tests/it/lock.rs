@@ -1196,7 +1196,7 @@ fn send_sync_pins() {
     lock_like::<Lock>();
     sync::<LockGuard>();
     error_like::<Error>();
-    // LockGuard is !Send: a compile_fail doctest in src/guard.rs pins it.
+    // LockGuard is !Send: a compile_fail doctest in src/kinds/guard.rs pins it.
 }
 
 /// Re-entering with a shorter explicit lease shortens the lock's life on

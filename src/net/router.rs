@@ -5,18 +5,18 @@
 //! router: a lock operation runs on the node of its lock key, a waiter
 //! subscribes on the node of its channel, and the watchdog's batches are cut
 //! per node (and per slot within a node, see [`Router::group`]) and sent to
-//! all nodes at once ([`crate::connection::fan_out`]). A node is a pool of
+//! all nodes at once ([`crate::net::pool::fan_out`]). A node is a pool of
 //! connections (`Redis`, with its replica sync state) and a subscriber
 //! (`PubSub`); both are made lazily and open nothing until used.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::cluster::{slot, Cluster};
-use crate::connection::{Counters, Synced};
 use crate::error::Result;
-use crate::node::Node;
-use crate::transport::Connection;
+use crate::net::cluster::{slot, Cluster};
+use crate::net::node::Node;
+use crate::net::pool::{Counters, Synced};
+use crate::net::transport::Connection;
 
 /// The nodes of a client.
 enum Topology {
@@ -127,7 +127,7 @@ impl Router {
         }
     }
 
-    /// Runs `op` on the node of `key` (see [`Redis::run`](crate::connection::Redis::run)).
+    /// Runs `op` on the node of `key` (see [`Redis::run`](crate::net::pool::Redis::run)).
     pub(crate) fn run<T>(
         &self,
         key: &str,
@@ -142,7 +142,7 @@ impl Router {
     }
 
     /// Runs a write that decides lock state on the node of `key`, with
-    /// replica sync (see [`Redis::run_synced`](crate::connection::Redis::run_synced)).
+    /// replica sync (see [`Redis::run_synced`](crate::net::pool::Redis::run_synced)).
     pub(crate) fn run_synced<T>(
         &self,
         key: &str,

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use redis::{ConnectionLike, Value};
 
 use crate::error::{is_io_failure, is_refusal, Error, Result};
-use crate::target::Target;
+use crate::net::target::Target;
+use crate::net::transport::{Connection, Waited};
 use crate::time::duration_ms;
-use crate::transport::{Connection, Waited};
 
 /// A pooled connection and the pool epoch it was made in; or, when Redis
 /// refused the credentials or the TLS settings, that refusal.
@@ -858,8 +858,8 @@ pub(crate) fn fan_out(jobs: &[Job<'_>]) -> Vec<Replies> {
 /// (`MOVED`, `ASK`: it did not run) goes ahead. For the scripts that are not
 /// idempotent (the semaphores' counting scripts, the latch's).
 pub(crate) fn send_once<T>(
-    mut op: impl FnMut(&mut crate::transport::Connection) -> redis::RedisResult<T>,
-) -> impl FnMut(&mut crate::transport::Connection) -> redis::RedisResult<T> {
+    mut op: impl FnMut(&mut crate::net::transport::Connection) -> redis::RedisResult<T>,
+) -> impl FnMut(&mut crate::net::transport::Connection) -> redis::RedisResult<T> {
     let mut may_have_run = false;
     move |conn| {
         if may_have_run {

@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
-use crate::hold::{slot_key, Hold};
+use crate::engine::hold::{slot_key, Hold};
+use crate::net::transport::Connection;
 use crate::scripts::{self, Kind, LockRef};
-use crate::transport::Connection;
 
 /// A request whose reply was lost: it may have run, or may still run when a
 /// copy held up on the network reaches Redis. The watchdog thread settles it

@@ -18,7 +18,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use redis::{ErrorKind, RedisError, RedisResult, Value};
 
-use crate::transport::{Addr, Connection, Endpoint};
+use crate::net::transport::{Addr, Connection, Endpoint};
 
 /// Where connections go.
 #[derive(Clone)]

@@ -7,13 +7,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::engine::owners::{add_pending, owner_state};
+use crate::engine::unsettled::Unsettled;
+use crate::engine::watchdog::{LostCallback, Watchdog};
 use crate::error::{Error, Result};
-use crate::owners::{add_pending, owner_state};
-use crate::router::Router;
+use crate::net::router::Router;
 use crate::scripts;
 use crate::time::duration_ms;
-use crate::unsettled::Unsettled;
-use crate::watchdog::{LostCallback, Watchdog};
 
 /// The longest lease accepted: 2^53 ms (about 285,000 years), the largest
 /// whole number a Lua script handles exactly, and well inside Redis's 64-bit

@@ -15,14 +15,14 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::connection::{fan_out, Job, Synced};
+use crate::engine::hold::LostListener;
 use crate::error::{Error, Result};
-use crate::guard::{LockGuard, Release};
-use crate::hold::LostListener;
-use crate::lock::{Attempt, Lock, Request, Terms, Wait};
-use crate::node::Node;
-use crate::pubsub::{Notify, Subscription, Wake};
-use crate::router::Router;
+use crate::kinds::guard::{LockGuard, Release};
+use crate::kinds::lock::{Attempt, Lock, Request, Terms, Wait};
+use crate::net::node::Node;
+use crate::net::pool::{fan_out, Job, Synced};
+use crate::net::pubsub::{Notify, Subscription, Wake};
+use crate::net::router::Router;
 use crate::scripts::{self, AcquireReply};
 use crate::time::jitter;
 

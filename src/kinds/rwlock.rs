@@ -5,11 +5,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::engine::shared::Shared;
 use crate::error::Result;
-use crate::guard::LockGuard;
-use crate::lock::{acquire_methods, Lock};
+use crate::kinds::guard::LockGuard;
+use crate::kinds::lock::{acquire_methods, Lock};
 use crate::scripts::Kind;
-use crate::shared::Shared;
 
 /// A distributed read-write lock, shared with Redisson's `RReadWriteLock` on
 /// the same name: any number of readers hold it at once, or one writer
@@ -104,7 +104,7 @@ impl ReadWriteLock {
     ///
     /// Empty name, or a Redis or pool error.
     pub fn is_write_locked(&self) -> Result<bool> {
-        crate::shared::check_name("lock", self.name(), self.read.router())?;
+        crate::engine::shared::check_name("lock", self.name(), self.read.router())?;
         let mode: Option<String> = self.read.router().run(self.name(), |c| {
             redis::cmd("HGET").arg(self.name()).arg("mode").query(c)
         })?;

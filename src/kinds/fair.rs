@@ -5,11 +5,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::engine::shared::Shared;
 use crate::error::Result;
-use crate::guard::LockGuard;
-use crate::lock::{acquire_methods, Lock};
+use crate::kinds::guard::LockGuard;
+use crate::kinds::lock::{acquire_methods, Lock};
 use crate::scripts::Kind;
-use crate::shared::Shared;
 
 /// A distributed fair lock, shared with Redisson's `RFairLock` on the same
 /// name: a reentrant lock whose waiters get it in the order they came,
@@ -91,7 +91,7 @@ impl FairLock {
     ///
     /// Empty name, or a Redis or pool error.
     pub fn waiters(&self) -> Result<u64> {
-        crate::shared::check_name("lock", self.lock.name(), self.lock.router())?;
+        crate::engine::shared::check_name("lock", self.lock.name(), self.lock.router())?;
         let line = crate::scripts::fair_line_name(self.lock.name());
         self.lock
             .router()

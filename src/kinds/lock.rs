@@ -4,20 +4,20 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::connection::Synced;
+use crate::engine::hold::{slot_key, Hold};
+use crate::engine::owners::{insert_hold, owner_state, settle};
+use crate::engine::shared::{check_lease, check_name, Shared};
+use crate::engine::unsettled::{keys, Lost, Unsettled};
+use crate::engine::waiting::Waiters;
+pub(crate) use crate::engine::waiting::{Attempt, Wait};
+use crate::engine::watchdog::MIN_RENEW_INTERVAL;
 use crate::error::{Error, Result};
-use crate::guard::LockGuard;
-use crate::hold::{slot_key, Hold};
-use crate::owners::{insert_hold, owner_state, settle};
-use crate::pubsub::{Subscription, WakeRule};
-use crate::router::Router;
+use crate::kinds::guard::LockGuard;
+use crate::net::pool::Synced;
+use crate::net::pubsub::{Subscription, WakeRule};
+use crate::net::router::Router;
 use crate::scripts::{self, AcquireReply, Kind, LockRef};
-use crate::shared::{check_lease, check_name, Shared};
 use crate::time::duration_ms;
-use crate::unsettled::{keys, Lost, Unsettled};
-use crate::waiting::Waiters;
-pub(crate) use crate::waiting::{Attempt, Wait};
-use crate::watchdog::MIN_RENEW_INTERVAL;
 
 /// When waiting for a holder that set no lease (PTTL -1), re-check at least
 /// this often even without a release message.

@@ -6,8 +6,8 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::hold::Hold;
-use crate::unsettled::Unsettled;
+use crate::engine::hold::Hold;
+use crate::engine::unsettled::Unsettled;
 
 /// What this thread has of one lock through one client.
 #[derive(Default)]
@@ -60,7 +60,7 @@ fn prune(client_id: u64, name: &str) {
     });
 }
 
-/// The active hold this thread has under `slot` ([`slot_key`](crate::hold::slot_key)) through
+/// The active hold this thread has under `slot` ([`slot_key`](crate::engine::hold::slot_key)) through
 /// client `client_id`, and its requests that are not settled yet.
 pub(crate) fn owner_state(client_id: u64, slot: &str) -> (Option<Arc<Hold>>, Vec<Arc<Unsettled>>) {
     with_slot(client_id, slot, |slot| match slot {

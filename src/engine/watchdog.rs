@@ -36,12 +36,12 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::connection::{fan_out, Job, Synced};
-use crate::hold::{Hold, RenewToken, Sched};
-use crate::router::{Group, Router};
+use crate::engine::hold::{Hold, RenewToken, Sched};
+use crate::engine::unsettled::{Lost, Unsettled};
+use crate::net::pool::{fan_out, Job, Synced};
+use crate::net::router::{Group, Router};
 use crate::scripts;
 use crate::time::{far_future, jitter};
-use crate::unsettled::{Lost, Unsettled};
 
 /// The shortest renewal interval the watchdog accepts. Renewing thousands of
 /// locks more often than this would turn the watchdog into a load on Redis.

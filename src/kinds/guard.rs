@@ -6,13 +6,13 @@ use std::marker::PhantomData;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
-use crate::connection::Synced;
+use crate::engine::hold::{Hold, LostListener};
+use crate::engine::owners::{is_latest, owner_state, remove_hold, settle};
+use crate::engine::shared::Shared;
+use crate::engine::unsettled::{keys, Lost, Unsettled};
 use crate::error::{Error, Result};
-use crate::hold::{Hold, LostListener};
-use crate::owners::{is_latest, owner_state, remove_hold, settle};
+use crate::net::pool::Synced;
 use crate::scripts;
-use crate::shared::Shared;
-use crate::unsettled::{keys, Lost, Unsettled};
 
 /// A held lock. Dropping it releases one hold (the lock is free once every
 /// re-entry of this thread is released); [`unlock`](LockGuard::unlock) does

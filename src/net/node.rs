@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use crate::connection::Redis;
-use crate::pubsub::PubSub;
+use crate::net::pool::Redis;
+use crate::net::pubsub::PubSub;
 
 /// One Redis server the client talks to: its connection pool and its
 /// subscriber.

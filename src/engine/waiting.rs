@@ -9,8 +9,8 @@
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::pubsub::{Subscription, Wake, WakeRule};
-use crate::router::Router;
+use crate::net::pubsub::{Subscription, Wake, WakeRule};
+use crate::net::router::Router;
 use crate::time::jitter;
 
 /// How long a caller is prepared to wait.

@@ -54,9 +54,9 @@ use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 
 use crate::error::{Error, Result};
-use crate::target::Target;
+use crate::net::target::Target;
+use crate::net::transport::Stream;
 use crate::time::jitter;
-use crate::transport::Stream;
 
 /// First wait before retrying a connection that has not proven itself.
 const MIN_BACKOFF: Duration = Duration::from_millis(20);

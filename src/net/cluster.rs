@@ -27,15 +27,15 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex, RwLock};
 use redis::{RedisError, Value};
 
-use crate::connection::{
+use crate::error::{Error, Result};
+use crate::net::node::Node;
+use crate::net::pool::{
     is_connection_failure, Counters, PoolSettings, Redis, SyncReplicas, Threads,
 };
-use crate::error::{Error, Result};
-use crate::node::Node;
-use crate::pubsub::PubSub;
-use crate::target::Target;
+use crate::net::pubsub::PubSub;
+use crate::net::target::Target;
+use crate::net::transport::{Addr, Connection, Endpoint};
 use crate::time::jitter;
-use crate::transport::{Addr, Connection, Endpoint};
 
 /// Hash slots of a Redis Cluster.
 pub(crate) const SLOTS: usize = 16384;

@@ -24,15 +24,15 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::connection::{send_once, Synced};
+use crate::engine::shared::{check_lease, check_name, Shared};
+use crate::engine::unsettled::{Lost, Unsettled};
+use crate::engine::waiting::{Attempt, Wait, Waiters};
 use crate::error::{Error, Result};
-use crate::pubsub::WakeRule;
-use crate::router::Router;
+use crate::net::pool::{send_once, Synced};
+use crate::net::pubsub::WakeRule;
+use crate::net::router::Router;
 use crate::scripts::{self, LockRef, PermitsOp, SemaphoreRef};
-use crate::shared::{check_lease, check_name, Shared};
 use crate::time::{deadline, duration_ms};
-use crate::unsettled::{Lost, Unsettled};
-use crate::waiting::{Attempt, Wait, Waiters};
 
 /// The longest a waiter for permits goes without trying again when no
 /// message comes (and, for an expirable semaphore, no permit out expires
@@ -138,7 +138,7 @@ impl Names {
     /// confirmed it), is undone in the background (`undo`: what settles it).
     fn attempt<R>(
         &self,
-        run: impl FnMut(&mut crate::transport::Connection) -> redis::RedisResult<i64>,
+        run: impl FnMut(&mut crate::net::transport::Connection) -> redis::RedisResult<i64>,
         undo: impl Fn() -> Unsettled,
         acquired: impl FnOnce() -> R,
         hint: impl FnOnce(i64) -> Option<Duration>,

@@ -5,12 +5,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::connection::send_once;
+use crate::engine::shared::Shared;
 use crate::error::{Error, Result};
-use crate::pubsub::{Subscription, Wake, WakeRule};
-use crate::router::Router;
+use crate::net::pool::send_once;
+use crate::net::pubsub::{Subscription, Wake, WakeRule};
+use crate::net::router::Router;
 use crate::scripts::{self, LatchOp};
-use crate::shared::Shared;
 use crate::time::far_future;
 
 /// A distributed count-down latch, shared with Redisson's `RCountDownLatch`
@@ -68,8 +68,8 @@ impl CountDownLatch {
             ));
         }
         if self.router().is_cluster()
-            && crate::cluster::slot(self.name.as_bytes())
-                != crate::cluster::slot(self.channel.as_bytes())
+            && crate::net::cluster::slot(self.name.as_bytes())
+                != crate::net::cluster::slot(self.channel.as_bytes())
         {
             return Err(Error::invalid(format!(
                 "latch name {:?} puts its key and channel in different slots of a Redis \
