@@ -134,15 +134,14 @@ pub use crate::client::{Client, ClientBuilder, ClientStats};
 pub use crate::engine::shared::MAX_LEASE;
 pub use crate::engine::watchdog::MIN_RENEW_INTERVAL;
 pub use crate::error::{Error, Result};
+pub use crate::kinds::expirable::{ExpirableSemaphore, Permit};
 pub use crate::kinds::fair::FairLock;
 pub use crate::kinds::guard::LockGuard;
 pub use crate::kinds::latch::CountDownLatch;
 pub use crate::kinds::lock::{Lock, FAIR_PLACE};
 pub use crate::kinds::multi::{MultiGuard, MultiLock, RedLock};
 pub use crate::kinds::rwlock::{ReadLock, ReadWriteLock, WriteLock};
-pub use crate::kinds::semaphore::{
-    ExpirableSemaphore, Permit, Semaphore, SemaphorePermits, PERMIT_RECHECK,
-};
+pub use crate::kinds::semaphore::{Semaphore, SemaphorePermits, PERMIT_RECHECK};
 
 // Every Rust block of the README compiles as a doctest.
 #[cfg(doctest)]

@@ -12,8 +12,11 @@
 //! - `multi`: `RedLock`, `MultiLock`, `MultiGuard` over member locks;
 //! - `semaphore`: `Semaphore`, `SemaphorePermits`, and what both semaphores
 //!   share;
+//! - `expirable`: `ExpirableSemaphore` and `Permit`, on the semaphore's
+//!   shared part;
 //! - `latch`: `CountDownLatch`, on its own.
 
+pub(crate) mod expirable;
 pub(crate) mod fair;
 pub(crate) mod guard;
 pub(crate) mod latch;

@@ -1,6 +1,7 @@
-//! Semaphores: [`Semaphore`] (Redisson's `RSemaphore` layout) and
-//! [`ExpirableSemaphore`] (Redisson's `RPermitExpirableSemaphore`), with their
-//! RAII guards [`SemaphorePermits`] and [`Permit`].
+//! The semaphore ([`Semaphore`], Redisson's `RSemaphore` layout) with its
+//! RAII guard [`SemaphorePermits`], and what both semaphores share
+//! ([`Names`]: the names, the checks, an attempt, giving permits back); the
+//! permit-expirable semaphore (`expirable`) is built on it.
 //!
 //! Both kinds count the permits available in the string integer at `<name>`
 //! and publish on `redisson_sc:{<name>}` when permits come back, so Redisson
@@ -22,9 +23,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
-
-use crate::engine::shared::{check_lease, check_name, Shared};
+use crate::engine::shared::{check_name, Shared};
 use crate::engine::unsettled::{Lost, Unsettled};
 use crate::engine::waiting::{Attempt, Wait, Waiters};
 use crate::error::{Error, Result};
@@ -32,7 +31,6 @@ use crate::net::pool::{send_once, Synced};
 use crate::net::pubsub::WakeRule;
 use crate::net::router::Router;
 use crate::scripts::{self, LockRef, PermitsOp, SemaphoreRef};
-use crate::time::{deadline, duration_ms};
 
 /// The longest a waiter for permits goes without trying again when no
 /// message comes (and, for an expirable semaphore, no permit out expires
@@ -47,17 +45,17 @@ const MAX_PERMITS: u64 = 1 << 53;
 
 /// The names of one semaphore and the client it is used through.
 #[derive(Clone)]
-struct Names {
-    shared: Arc<Shared>,
-    name: String,
-    channel: String,
+pub(crate) struct Names {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) name: String,
+    pub(crate) channel: String,
     /// The permit records (`Semaphore`) or the set of permits out
     /// (`ExpirableSemaphore`).
-    book: String,
+    pub(crate) book: String,
 }
 
 impl Names {
-    fn new(shared: Arc<Shared>, name: String, book: fn(&str) -> String) -> Names {
+    pub(crate) fn new(shared: Arc<Shared>, name: String, book: fn(&str) -> String) -> Names {
         Names {
             shared,
             channel: scripts::semaphore_channel_name(&name),
@@ -66,15 +64,15 @@ impl Names {
         }
     }
 
-    fn shared(&self) -> &Shared {
+    pub(crate) fn shared(&self) -> &Shared {
         &self.shared
     }
 
-    fn router(&self) -> &Router {
+    pub(crate) fn router(&self) -> &Router {
         &self.shared.router
     }
 
-    fn sem(&self) -> SemaphoreRef<'_> {
+    pub(crate) fn sem(&self) -> SemaphoreRef<'_> {
         SemaphoreRef {
             name: &self.name,
             channel: &self.channel,
@@ -82,11 +80,11 @@ impl Names {
         }
     }
 
-    fn check(&self) -> Result<()> {
+    pub(crate) fn check(&self) -> Result<()> {
         check_name("semaphore", &self.name, self.router())
     }
 
-    fn waiters(&self) -> Waiters<'_> {
+    pub(crate) fn waiters(&self) -> Waiters<'_> {
         Waiters {
             router: self.router(),
             name: &self.name,
@@ -96,7 +94,7 @@ impl Names {
         }
     }
 
-    fn permits(&self, op: PermitsOp) -> Result<i64> {
+    pub(crate) fn permits(&self, op: PermitsOp) -> Result<i64> {
         self.check()?;
         let publish = self.router().publish_command();
         // Not idempotent (as Redisson's, which sends them without retry).
@@ -106,17 +104,17 @@ impl Names {
         )
     }
 
-    fn try_set_permits(&self, permits: u64) -> Result<bool> {
+    pub(crate) fn try_set_permits(&self, permits: u64) -> Result<bool> {
         check_count("permits", permits)?;
         Ok(self.permits(PermitsOp::Set(permits))? == 1)
     }
 
-    fn add_permits(&self, delta: i64) -> Result<i64> {
+    pub(crate) fn add_permits(&self, delta: i64) -> Result<i64> {
         check_count("the change of permits", delta.unsigned_abs())?;
         self.permits(PermitsOp::Add(delta))
     }
 
-    fn get(&self) -> Result<i64> {
+    pub(crate) fn get(&self) -> Result<i64> {
         self.check()?;
         let n: Option<i64> = self
             .router()
@@ -124,7 +122,7 @@ impl Names {
         Ok(n.unwrap_or(0))
     }
 
-    fn delete(&self) -> Result<bool> {
+    pub(crate) fn delete(&self) -> Result<bool> {
         self.check()?;
         let n: u32 = self.router().run(&self.name, |c| {
             redis::cmd("DEL").arg(&self.name).arg(&self.book).query(c)
@@ -136,7 +134,7 @@ impl Names {
     /// (`hint` reads the script's answer), or an error after which the
     /// acquisition, if it may have run (or ran but too few replicas
     /// confirmed it), is undone in the background (`undo`: what settles it).
-    fn attempt<R>(
+    pub(crate) fn attempt<R>(
         &self,
         run: impl FnMut(&mut crate::net::transport::Connection) -> redis::RedisResult<i64>,
         undo: impl Fn() -> Unsettled,
@@ -177,7 +175,7 @@ impl Names {
 
     /// Runs the undo of an acquisition that ran now (one round trip);
     /// settles it in the background if that fails.
-    fn undo_now(&self, undo: Unsettled) {
+    pub(crate) fn undo_now(&self, undo: Unsettled) {
         let publish = self.router().publish_command();
         let latch_ms = self.shared().latch_ttl_ms;
         let done = self.router().run(&self.name, |conn| {
@@ -191,7 +189,10 @@ impl Names {
 
     /// `try_once` (a new request each time), tried again (up to the
     /// client's `retry_attempts`) while too few replicas confirm it.
-    fn synced<R>(&self, mut try_once: impl FnMut() -> Result<Attempt<R>>) -> Result<Attempt<R>> {
+    pub(crate) fn synced<R>(
+        &self,
+        mut try_once: impl FnMut() -> Result<Attempt<R>>,
+    ) -> Result<Attempt<R>> {
         let mut tries = 0;
         loop {
             match try_once() {
@@ -207,7 +208,7 @@ impl Names {
 /// What one acquisition holds: its record (the field of the semaphore's
 /// records), or an expirable semaphore's permit (raw id, hex id).
 #[derive(Clone, Copy)]
-enum Held<'a> {
+pub(crate) enum Held<'a> {
     Record(&'a str),
     Permit(&'a [u8; 16], &'a str),
 }
@@ -217,7 +218,7 @@ impl Names {
     /// its latch says an earlier copy returned it); [`Error::PermitLost`]
     /// if it was not (deleted, or an expirable permit whose lease ran out);
     /// on a passing failure the return is completed in the background, once.
-    fn give_back(&self, held: Held<'_>) -> Result<()> {
+    pub(crate) fn give_back(&self, held: Held<'_>) -> Result<()> {
         let publish = self.router().publish_command();
         let latch_ms = self.shared().latch_ttl_ms;
         let (latch, what) = match held {
@@ -250,7 +251,7 @@ impl Names {
     }
 }
 
-fn check_count(what: &str, n: u64) -> Result<()> {
+pub(crate) fn check_count(what: &str, n: u64) -> Result<()> {
     if n > MAX_PERMITS {
         return Err(Error::invalid(format!(
             "{what} of {n} is too large: use at most 2^53 (Lua counts exactly up to there)"
@@ -275,7 +276,7 @@ fn check_wanted(n: u32) -> Result<()> {
 ///
 /// Permits have no owner and no lease: any client may release them, and a
 /// holder that crashes keeps its permits out until someone adds them back
-/// (use an [`ExpirableSemaphore`] when holders may crash). A guard
+/// (use an [`ExpirableSemaphore`](crate::ExpirableSemaphore) when holders may crash). A guard
 /// ([`SemaphorePermits`]) returns exactly what its acquisition took, once,
 /// even when a reply is lost; it records them in redlease's own hash
 /// `redlease_semaphore_permits:{<name>}` (field `<client-uuid>:<request>`),
@@ -494,7 +495,7 @@ impl Names {
     /// The request that returns what `held` holds in the background (`key`:
     /// the release's latch, or for an `undo`, the acquisition's cancel
     /// marker).
-    fn lost(&self, held: Held<'_>, key: String, undo: bool, sent: Instant) -> Unsettled {
+    pub(crate) fn lost(&self, held: Held<'_>, key: String, undo: bool, sent: Instant) -> Unsettled {
         let (field, permit) = match held {
             Held::Record(field) => (field, None),
             Held::Permit(raw, _) => ("", Some(*raw)),
@@ -509,7 +510,7 @@ impl Names {
 
     /// The names a settle of an ownerless request works on (`field`: the
     /// permit record's field, or empty).
-    fn lock_ref<'a>(&'a self, field: &'a str) -> LockRef<'a> {
+    pub(crate) fn lock_ref<'a>(&'a self, field: &'a str) -> LockRef<'a> {
         LockRef {
             name: &self.name,
             channel: &self.channel,
@@ -627,432 +628,5 @@ impl fmt::Debug for SemaphorePermits {
             .field("name", &self.sem.names.name)
             .field("permits", &self.permits)
             .finish()
-    }
-}
-
-/// A distributed semaphore whose permits expire, shared with Redisson's
-/// `RPermitExpirableSemaphore` on the same name: `<name>` counts the permits
-/// available, the sorted set `{<name>}:timeout` holds the permits out
-/// (member: the permit's 16-byte id; score: its expiry in epoch ms), and
-/// `redisson_sc:{<name>}` carries counts when permits come back.
-///
-/// Every permit has a lease: a holder that crashes loses its permit when
-/// the lease runs out, and the next acquisition (or
-/// [`available_permits`](Self::available_permits)) counts it back. Expiry is
-/// by Redis's clock, so clients' clocks do not matter among redlease
-/// clients (Redisson computes expiries with its own clock). A permit is
-/// released by its guard ([`Permit`]) or by id; release by id is idempotent,
-/// so retrying it after a lost reply is safe.
-///
-/// ```no_run
-/// # fn main() -> redlease::Result<()> {
-/// # let client = redlease::Client::open("redis://127.0.0.1/")?;
-/// use std::time::Duration;
-/// let slots = client.permit_expirable_semaphore("render-slots");
-/// slots.try_set_permits(4)?;
-/// let permit = slots.acquire(Duration::from_secs(30))?;  // comes back after 30 s at most
-/// println!("holding permit {}", permit.id());
-/// permit.update_lease(Duration::from_secs(30))?;         // 30 s from now
-/// permit.release()?;
-/// # Ok(()) }
-/// ```
-#[derive(Clone)]
-#[must_use = "an ExpirableSemaphore does nothing until one of its methods is called"]
-pub struct ExpirableSemaphore {
-    names: Names,
-}
-
-impl ExpirableSemaphore {
-    /// The longest permit lease accepted: 100 years (expiries are absolute
-    /// epoch milliseconds; Redisson reads far larger ones as "never").
-    pub const MAX_LEASE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
-
-    pub(crate) fn new(shared: Arc<Shared>, name: String) -> ExpirableSemaphore {
-        ExpirableSemaphore {
-            names: Names::new(shared, name, scripts::permits_out_name),
-        }
-    }
-
-    /// The semaphore's name (the key of its count).
-    #[must_use]
-    pub fn name(&self) -> &str {
-        &self.names.name
-    }
-
-    /// Sets the permits available to `permits` if the semaphore does not
-    /// exist; `false` if it does.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] for an empty name or more than 2^53
-    /// permits; a Redis or pool error.
-    pub fn try_set_permits(&self, permits: u64) -> Result<bool> {
-        self.names.try_set_permits(permits)
-    }
-
-    /// Adds `delta` permits (takes them away when negative).
-    ///
-    /// # Errors
-    ///
-    /// As for [`Semaphore::add_permits`].
-    pub fn add_permits(&self, delta: i64) -> Result<()> {
-        self.names.add_permits(delta).map(|_| ())
-    }
-
-    /// The permits available now, after counting back the permits whose
-    /// lease ran out (a write: waiters are told of those).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] for an empty name (or, on a Redis Cluster,
-    /// one whose keys would span slots); a Redis or pool error.
-    pub fn available_permits(&self) -> Result<i64> {
-        self.names.check()?;
-        let names = &self.names;
-        let publish = names.router().publish_command();
-        names.router().run(&names.name, |conn| {
-            scripts::permit_lease(conn, names.sem(), None, publish)
-        })
-    }
-
-    /// Releases the permit with id `id` (32 hex digits, as
-    /// [`Permit::id`] gives); `true` if it was out and is now returned
-    /// (also when its lease had run out but it was not counted back yet),
-    /// `false` if it was not out (released already, or counted back after
-    /// its lease ran out). Idempotent: safe to retry after an error, which
-    /// returns the permit once (the retry answers `false` if the first call
-    /// had returned it).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] for an id that is not 32 hex digits or an
-    /// empty name; a Redis or pool error.
-    pub fn release(&self, id: &str) -> Result<bool> {
-        let raw = parse_id(id)?;
-        self.names.check()?;
-        let names = &self.names;
-        let publish = names.router().publish_command();
-        let latch =
-            scripts::permit_latch_name(&names.name, &hex(&raw), names.shared().next_request());
-        let n = names.router().run(&names.name, |conn| {
-            scripts::return_permits(
-                conn,
-                names.sem(),
-                scripts::Held::Permit(&raw),
-                &latch,
-                None,
-                names.shared().latch_ttl_ms,
-                publish,
-            )
-        })?;
-        Ok(n != 0)
-    }
-
-    /// Deletes the semaphore (its count and its permits out); `false` if
-    /// there was none. Permits of it are lost ([`Error::PermitLost`]).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] for an empty name (or, on a Redis Cluster,
-    /// one whose keys would span slots); a Redis or pool error.
-    pub fn delete(&self) -> Result<bool> {
-        self.names.delete()
-    }
-
-    /// Takes a permit with `lease`, waiting as long as it takes.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] for a lease below 1 ms or above
-    /// [`MAX_LEASE`](Self::MAX_LEASE), or an empty name; a Redis or pool
-    /// error. A failed call never leaves a permit out in the caller's name:
-    /// one that may have been taken is returned in the background.
-    pub fn acquire(&self, lease: Duration) -> Result<Permit> {
-        loop {
-            if let Some(p) = self.acquire_until(Wait::Forever, lease)? {
-                return Ok(p);
-            }
-        }
-    }
-
-    /// Takes a permit with `lease` if one is available, without waiting.
-    ///
-    /// # Errors
-    ///
-    /// As for [`acquire`](Self::acquire).
-    pub fn try_acquire(&self, lease: Duration) -> Result<Option<Permit>> {
-        self.acquire_until(Wait::No, lease)
-    }
-
-    /// Takes a permit with `lease`, waiting at most `wait`.
-    ///
-    /// # Errors
-    ///
-    /// As for [`acquire`](Self::acquire).
-    pub fn try_acquire_for(&self, wait: Duration, lease: Duration) -> Result<Option<Permit>> {
-        self.acquire_until(Wait::after(wait), lease)
-    }
-
-    /// Takes a permit with `lease`, waiting until `deadline` at the latest.
-    ///
-    /// # Errors
-    ///
-    /// As for [`acquire`](Self::acquire).
-    pub fn try_acquire_until(&self, deadline: Instant, lease: Duration) -> Result<Option<Permit>> {
-        self.acquire_until(Wait::Until(deadline), lease)
-    }
-
-    fn acquire_until(&self, wait: Wait, lease: Duration) -> Result<Option<Permit>> {
-        check_permit_lease(lease)?;
-        self.names.check()?;
-        let names = &self.names;
-        names
-            .waiters()
-            .acquire(wait.deadline(), || names.synced(|| self.attempt(lease)))
-    }
-
-    fn attempt(&self, lease: Duration) -> Result<Attempt<Permit>> {
-        let names = &self.names;
-        let raw = *uuid::Uuid::new_v4().as_bytes();
-        let id = hex(&raw);
-        let marker = scripts::permit_cancel_name(&names.name, &id);
-        let lease_ms = duration_ms(lease);
-        let publish = names.router().publish_command();
-        let sent = Instant::now();
-        names.attempt(
-            |conn| scripts::permit_acquire(conn, names.sem(), &marker, lease_ms, &raw, publish),
-            || names.lost(Held::Permit(&raw, &id), marker.clone(), true, sent),
-            || Permit {
-                sem: self.clone(),
-                id: id.clone(),
-                raw,
-                lease: Mutex::new(PermitLease {
-                    valid_until: deadline(sent, lease_ms),
-                    in_flight: 0,
-                    overlapped: false,
-                }),
-                done: false,
-            },
-            // The ms until the first permit out expires (-2: none will),
-            // and a re-check at least every PERMIT_RECHECK all the same.
-            |ms| {
-                let expiry = Duration::from_millis(ms.unsigned_abs());
-                Some(if ms >= 0 {
-                    expiry.min(PERMIT_RECHECK)
-                } else {
-                    PERMIT_RECHECK
-                })
-            },
-        )
-    }
-}
-
-impl fmt::Debug for ExpirableSemaphore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ExpirableSemaphore")
-            .field("name", &self.names.name)
-            .finish()
-    }
-}
-
-fn check_permit_lease(lease: Duration) -> Result<()> {
-    check_lease("the permit lease", lease)?;
-    if lease > ExpirableSemaphore::MAX_LEASE {
-        return Err(Error::invalid(format!(
-            "the permit lease of {lease:?} is too long: use at most 100 years \
-             (ExpirableSemaphore::MAX_LEASE)"
-        )));
-    }
-    Ok(())
-}
-
-pub(crate) fn hex(raw: &[u8; 16]) -> String {
-    use std::fmt::Write;
-    let mut s = String::with_capacity(32);
-    for b in raw {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
-}
-
-fn parse_id(id: &str) -> Result<[u8; 16]> {
-    let bad = || {
-        Error::invalid(format!(
-            "permit id {id:?} is not 32 hex digits: pass the id Permit::id gave"
-        ))
-    };
-    if id.len() != 32 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(bad());
-    }
-    let mut raw = [0u8; 16];
-    for (i, b) in raw.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&id[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
-    }
-    Ok(raw)
-}
-
-/// What a [`Permit`] knows of its lease.
-struct PermitLease {
-    /// Until when the permit is known to be out.
-    valid_until: Instant,
-    /// Lease updates under way.
-    in_flight: u32,
-    /// Some of them overlapped.
-    overlapped: bool,
-}
-
-/// A permit of an [`ExpirableSemaphore`]: it comes back when released (by
-/// this guard, on drop, or by id) or when its lease runs out.
-///
-/// The guard is `Send`: permits have no owner.
-#[must_use = "the permit is released as soon as the guard is dropped"]
-pub struct Permit {
-    sem: ExpirableSemaphore,
-    id: String,
-    raw: [u8; 16],
-    lease: Mutex<PermitLease>,
-    done: bool,
-}
-
-impl Permit {
-    /// The permit's id: 32 lower-case hex digits (Redisson's form), for
-    /// [`ExpirableSemaphore::release`].
-    #[must_use]
-    pub fn id(&self) -> &str {
-        &self.id
-    }
-
-    /// Until when the permit is known to be out: its last lease, counted
-    /// from when the request that set it was sent.
-    #[must_use]
-    pub fn valid_until(&self) -> Instant {
-        self.lease.lock().valid_until
-    }
-
-    /// `true` once the permit's lease has passed (it may be counted back
-    /// and handed out again).
-    #[must_use]
-    pub fn is_expired(&self) -> bool {
-        Instant::now() >= self.valid_until()
-    }
-
-    /// Sets the permit's lease to `lease` from now.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::PermitLost`] if the permit is no longer out (its lease ran
-    /// out first, it was released by id, or the semaphore was deleted);
-    /// [`Error::InvalidArgument`] for a lease out of range; a
-    /// Redis or pool error (the lease is then known only up to the shorter
-    /// of the old and the new one).
-    pub fn update_lease(&self, lease: Duration) -> Result<()> {
-        check_permit_lease(lease)?;
-        let names = &self.sem.names;
-        let lease_ms = duration_ms(lease);
-        let publish = names.router().publish_command();
-        let sent = Instant::now();
-        {
-            // Until the reply: either lease may be the one in Redis.
-            let mut st = self.lease.lock();
-            st.valid_until = st.valid_until.min(deadline(sent, lease_ms));
-            st.in_flight += 1;
-            st.overlapped |= st.in_flight > 1;
-        }
-        let result = names.router().run(&names.name, |conn| {
-            scripts::permit_lease(conn, names.sem(), Some((&self.raw, lease_ms)), publish)
-        });
-        let mut st = self.lease.lock();
-        st.in_flight -= 1;
-        // Updates from several threads at once may have run in another
-        // order than their replies came: the bound stays at the shortest.
-        let alone = !st.overlapped;
-        if st.in_flight == 0 {
-            st.overlapped = false;
-        }
-        let n = result?;
-        if n == 1 {
-            if alone {
-                st.valid_until = deadline(sent, lease_ms);
-            }
-            Ok(())
-        } else {
-            Err(Error::PermitLost {
-                name: names.name.clone(),
-            })
-        }
-    }
-
-    /// Releases the permit and reports the outcome.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::PermitLost`] if the permit's lease had run out (it is
-    /// counted back either way); a Redis or pool error if Redis could not be
-    /// reached or did not answer in time: the release is then completed in
-    /// the background as soon as Redis answers.
-    pub fn release(mut self) -> Result<()> {
-        self.done = true;
-        self.return_permit()
-    }
-
-    /// Drops the guard without releasing the permit, and returns its id: it
-    /// comes back when its lease runs out, or by
-    /// [`ExpirableSemaphore::release`].
-    #[must_use = "the id is the only way left to release the permit early"]
-    pub fn forget(mut self) -> String {
-        self.done = true;
-        std::mem::take(&mut self.id)
-    }
-
-    fn return_permit(&self) -> Result<()> {
-        self.sem.names.give_back(Held::Permit(&self.raw, &self.id))
-    }
-}
-
-impl Drop for Permit {
-    fn drop(&mut self) {
-        if self.done {
-            return;
-        }
-        if let Err(e) = self.return_permit() {
-            log::warn!(
-                "redlease: releasing permit {} of {:?} on drop failed: {e}",
-                self.id,
-                self.sem.names.name
-            );
-        }
-    }
-}
-
-impl fmt::Debug for Permit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Permit")
-            .field("name", &self.sem.names.name)
-            .field("id", &self.id)
-            .field("expired", &self.is_expired())
-            .finish()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn permit_ids_round_trip_and_bad_ids_are_refused() {
-        let raw = [0xab; 16];
-        let id = hex(&raw);
-        assert_eq!(id, "ab".repeat(16));
-        assert_eq!(parse_id(&id).unwrap(), raw);
-        assert_eq!(parse_id(&id.to_uppercase()).unwrap(), raw);
-        for bad in [
-            "",
-            "ab",
-            &"zz".repeat(16),
-            &"é".repeat(16),
-            &"ab".repeat(17),
-        ] {
-            assert!(parse_id(bad).unwrap_err().is_invalid_argument(), "{bad:?}");
-        }
     }
 }

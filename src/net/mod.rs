@@ -3,6 +3,7 @@
 //! hands back the reply or a classified failure.
 //!
 //! Bottom up (a file imports only those before it):
+//! - `tls`: the rustls configuration and stream (the `tls` feature);
 //! - `transport`: addresses, endpoints, the stream (TCP, TLS, Unix) and a
 //!   RESP connection over it;
 //! - `target`: where a connection goes: a fixed server, or the master a
@@ -21,4 +22,6 @@ pub(crate) mod pool;
 pub(crate) mod pubsub;
 pub(crate) mod router;
 pub(crate) mod target;
+#[cfg(feature = "tls")]
+pub(crate) mod tls;
 pub(crate) mod transport;
