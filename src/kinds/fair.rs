@@ -6,10 +6,25 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::engine::shared::Shared;
+use crate::engine::unsettled::{Lost, Unsettled};
+use crate::engine::waiting::{Attempt, Wait, Waiters};
 use crate::error::Result;
 use crate::kinds::guard::LockGuard;
-use crate::kinds::lock::{acquire_methods, Lock};
-use crate::scripts::Kind;
+use crate::kinds::lock::{acquire_methods, until_acquired, Lock, Terms};
+use crate::scripts::{self, Kind, LockRef};
+use crate::time::duration_ms;
+
+/// How long a fair lock's waiter keeps its place in line without renewing
+/// it (longer only with a response timeout above 2.5 s: then 2 s plus two
+/// response timeouts plus 1 s, so that a live waiter with slow replies keeps
+/// its place). A waiter that crashed holds up the line about this long after
+/// its last renewal, plus up to the next waiter's 2 s re-check (its place is
+/// dropped when it comes first).
+pub const FAIR_PLACE: Duration = Duration::from_secs(8);
+
+/// How often a fair lock's waiter tries again without a message, renewing
+/// its place in line.
+const FAIR_RECHECK: Duration = Duration::from_secs(2);
 
 /// A distributed fair lock, shared with Redisson's `RFairLock` on the same
 /// name: a reentrant lock whose waiters get it in the order they came,
@@ -20,7 +35,7 @@ use crate::scripts::Kind;
 /// waits on its own channel (`redisson_lock__channel:{<name>}:<owner>`); a
 /// release tells only the first waiter in line, so the hand-off wakes one
 /// thread in all. A waiter keeps its place by trying again at least every
-/// 2 s, and a place not kept for [`FAIR_PLACE`](crate::FAIR_PLACE) (8 s,
+/// 2 s, and a place not kept for [`FAIR_PLACE`] (8 s,
 /// more with a response timeout above 2.5 s) is dropped when it comes first:
 /// a waiter that crashed holds up the line for seconds, not the 5 minutes
 /// per waiter of Redisson's default. A
@@ -53,7 +68,7 @@ impl FairLock {
         }
     }
 
-    acquire_methods!("fair");
+    acquire_methods!("fair", own_wait);
 
     /// Takes the lock in turn, waiting as long as it takes. Renewed by the
     /// watchdog.
@@ -62,7 +77,8 @@ impl FairLock {
     ///
     /// As for [`Lock::lock`].
     pub fn lock(&self) -> Result<LockGuard> {
-        self.lock.lock()
+        let terms = self.lock.watchdog_terms()?;
+        until_acquired(|| self.acquire(Wait::Forever, &terms))
     }
 
     /// Takes the lock in turn with a fixed `lease`, waiting as long as it
@@ -72,7 +88,8 @@ impl FairLock {
     ///
     /// As for [`Lock::lock_with_lease`].
     pub fn lock_with_lease(&self, lease: Duration) -> Result<LockGuard> {
-        self.lock.lock_with_lease(lease)
+        let terms = self.lock.lease_terms(lease)?;
+        until_acquired(|| self.acquire(Wait::Forever, &terms))
     }
 
     /// `true` if anyone holds the lock.
@@ -98,6 +115,57 @@ impl FairLock {
             .run(self.lock.name(), |c| redis::cmd("LLEN").arg(&line).query(c))
     }
 
+    /// A fair lock's wait: each try takes (or keeps) this thread's place in
+    /// line, and the thread waits on its own channel, which a release
+    /// tells only when it is first in line; it tries again at least every
+    /// [`FAIR_RECHECK`], which keeps its place. However the wait ends
+    /// without the lock (its deadline, an error, a panic), the place is
+    /// given up at once (in the background if Redis does not answer).
+    fn acquire(&self, wait: Wait, terms: &Terms) -> Result<Option<LockGuard>> {
+        if matches!(wait, Wait::No) {
+            // try_lock never takes a place (and a re-entry needs none).
+            return self.lock.acquire(wait, terms);
+        }
+        let lock = &self.lock;
+        let field = lock.owner_field();
+        let channel = format!("{}:{field}", lock.channel());
+        // A live waiter renews its place at least every FAIR_RECHECK plus
+        // a reply (and a subscription) that may take a response timeout
+        // each: its place outlasts that.
+        let response_ms = duration_ms(lock.shared().response_timeout);
+        let place_ms =
+            duration_ms(FAIR_PLACE).max(duration_ms(FAIR_RECHECK) + 2 * response_ms + 1000);
+        let mut terms = Terms {
+            place_ms,
+            requeue: true,
+            ..*terms
+        };
+        let mut place = Place {
+            lock,
+            field,
+            taken: false,
+        };
+        let waiters = Waiters {
+            channel: &channel,
+            recheck: FAIR_RECHECK,
+            ..lock.waiters()
+        };
+        let got = waiters.acquire(wait.deadline(), || {
+            let tried = lock.attempt_synced(&terms)?;
+            // Queued at the end once; later tries keep the place.
+            terms.requeue = false;
+            Ok(match tried {
+                Attempt::Busy(hint) => {
+                    Attempt::Busy(Some(hint.map_or(FAIR_RECHECK, |h| h.min(FAIR_RECHECK))))
+                }
+                acquired => acquired,
+            })
+        });
+        // Taking the lock took this thread out of the line.
+        place.taken = matches!(got, Ok(Some(_)));
+        got
+    }
+
     /// Deletes the lock whoever holds it and wakes the first waiter in
     /// line; `true` if it was held.
     ///
@@ -114,5 +182,47 @@ impl fmt::Debug for FairLock {
         f.debug_struct("FairLock")
             .field("name", &self.lock.name())
             .finish()
+    }
+}
+
+/// A fair lock waiter's place in line: given up on drop unless the lock was
+/// taken (which took it out of the line).
+struct Place<'a> {
+    lock: &'a Lock,
+    field: String,
+    taken: bool,
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        let lock = self.lock;
+        let shared = lock.shared();
+        if self.taken {
+            // The try that took the lock settled the failed tries before it.
+            return;
+        }
+        // Failed tries of this wait whose undo waited for a next try.
+        shared.settle_deferred(lock.slot());
+        let lock_ref = LockRef {
+            name: lock.name(),
+            channel: lock.channel(),
+            field: &self.field,
+            kind: lock.kind(),
+        };
+        let publish = lock.router().publish_command();
+        let marker = scripts::fair_leave_name(lock.name(), &self.field, shared.next_request());
+        let sent = Instant::now();
+        let left = lock.router().run(lock.name(), |conn| {
+            scripts::fair_leave(conn, lock_ref, &marker, shared.latch_ttl_ms, publish)
+        });
+        if let Err(e) = left {
+            log::debug!(
+                "redlease: leaving the line of {:?} failed ({e}); retried in the background",
+                lock.name()
+            );
+            // Until it is settled, this thread's next operation on the lock
+            // sets its marker first.
+            shared.settle_later(Unsettled::new(lock_ref, marker, Lost::Leave, None, sent));
+        }
     }
 }

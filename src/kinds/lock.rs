@@ -23,18 +23,6 @@ use crate::time::duration_ms;
 /// this often even without a release message.
 const NO_TTL_RECHECK: Duration = Duration::from_secs(1);
 
-/// How long a fair lock's waiter keeps its place in line without renewing
-/// it (longer only with a response timeout above 2.5 s: then 2 s plus two
-/// response timeouts plus 1 s, so that a live waiter with slow replies keeps
-/// its place). A waiter that crashed holds up the line about this long after
-/// its last renewal, plus up to the next waiter's 2 s re-check (its place is
-/// dropped when it comes first).
-pub const FAIR_PLACE: Duration = Duration::from_secs(8);
-
-/// How often a fair lock's waiter tries again without a message, renewing
-/// its place in line.
-const FAIR_RECHECK: Duration = Duration::from_secs(2);
-
 /// A named, reentrant distributed lock.
 ///
 /// A `Lock` is a cheap handle: it owns no Redis state and can be created,
@@ -148,7 +136,7 @@ impl Lock {
 
     /// This thread's owner field for this lock (`:write` appended for a
     /// write lock).
-    fn owner_field(&self) -> String {
+    pub(crate) fn owner_field(&self) -> String {
         let mut field = self.shared.owner_field();
         if self.kind == Kind::Write {
             field.push_str(":write");
@@ -521,66 +509,16 @@ impl Lock {
     /// Try; if busy, subscribe to the release channel, then retry and wait
     /// for a release message or the holder's lease, whichever comes first,
     /// until the deadline (see [`Waiters::acquire`]).
-    fn acquire(&self, wait: Wait, terms: &Terms) -> Result<Option<LockGuard>> {
+    pub(crate) fn acquire(&self, wait: Wait, terms: &Terms) -> Result<Option<LockGuard>> {
         if self.kind == Kind::Write && matches!(wait, Wait::Forever) {
             self.check_no_upgrade()?;
-        }
-        if self.kind == Kind::Fair && !matches!(wait, Wait::No) {
-            // A re-entry takes no place: the script re-enters first.
-            return self.acquire_in_line(wait, terms);
         }
         self.waiters()
             .acquire(wait.deadline(), || self.attempt_synced(terms))
     }
 
-    /// A fair lock's wait: each try takes (or keeps) this thread's place in
-    /// line, and the thread waits on its own channel, which a release
-    /// tells only when it is first in line; it tries again at least every
-    /// [`FAIR_RECHECK`], which keeps its place. However the wait ends
-    /// without the lock (its deadline, an error, a panic), the place is
-    /// given up at once (in the background if Redis does not answer).
-    fn acquire_in_line(&self, wait: Wait, terms: &Terms) -> Result<Option<LockGuard>> {
-        let field = self.owner_field();
-        let channel = format!("{}:{field}", self.channel);
-        // A live waiter renews its place at least every FAIR_RECHECK plus
-        // a reply (and a subscription) that may take a response timeout
-        // each: its place outlasts that.
-        let response_ms = duration_ms(self.shared.response_timeout);
-        let place_ms =
-            duration_ms(FAIR_PLACE).max(duration_ms(FAIR_RECHECK) + 2 * response_ms + 1000);
-        let mut terms = Terms {
-            place_ms,
-            requeue: true,
-            ..*terms
-        };
-        let mut place = Place {
-            lock: self,
-            field,
-            taken: false,
-        };
-        let waiters = Waiters {
-            channel: &channel,
-            recheck: FAIR_RECHECK,
-            ..self.waiters()
-        };
-        let got = waiters.acquire(wait.deadline(), || {
-            let tried = self.attempt_synced(&terms)?;
-            // Queued at the end once; later tries keep the place.
-            terms.requeue = false;
-            Ok(match tried {
-                Attempt::Busy(hint) => {
-                    Attempt::Busy(Some(hint.map_or(FAIR_RECHECK, |h| h.min(FAIR_RECHECK))))
-                }
-                acquired => acquired,
-            })
-        });
-        // Taking the lock took this thread out of the line.
-        place.taken = matches!(got, Ok(Some(_)));
-        got
-    }
-
     /// Where this lock's waiters listen: a release wakes one per process.
-    fn waiters(&self) -> Waiters<'_> {
+    pub(crate) fn waiters(&self) -> Waiters<'_> {
         Waiters {
             router: self.router(),
             name: &self.name,
@@ -603,7 +541,7 @@ impl Lock {
 
     /// [`attempt`](Lock::attempt), tried again (up to the client's
     /// `retry_attempts`) while too few replicas confirm the acquisition.
-    fn attempt_synced(&self, terms: &Terms) -> Result<Attempt<LockGuard>> {
+    pub(crate) fn attempt_synced(&self, terms: &Terms) -> Result<Attempt<LockGuard>> {
         let mut tries = 0;
         loop {
             match self.attempt(terms) {
@@ -618,11 +556,7 @@ impl Lock {
     /// [`acquire`](Lock::acquire) with no deadline: it returns only once
     /// acquired (or on an error).
     fn acquire_forever(&self, terms: &Terms) -> Result<LockGuard> {
-        loop {
-            if let Some(guard) = self.acquire(Wait::Forever, terms)? {
-                return Ok(guard);
-            }
-        }
+        until_acquired(|| self.acquire(Wait::Forever, terms))
     }
 
     /// One acquire script call; registers the hold before returning a guard.
@@ -715,6 +649,16 @@ impl Lock {
             place_ms: r.place_ms,
             requeue: r.requeue,
         }
+    }
+
+    /// Its key among a thread's holds.
+    pub(crate) fn slot(&self) -> &str {
+        &self.slot
+    }
+
+    /// What kind of lock it is.
+    pub(crate) fn kind(&self) -> Kind {
+        self.kind
     }
 
     /// Its release channel.
@@ -866,52 +810,37 @@ impl fmt::Debug for Lock {
     }
 }
 
-/// A fair lock waiter's place in line: given up on drop unless the lock was
-/// taken (which took it out of the line).
-struct Place<'a> {
-    lock: &'a Lock,
-    field: String,
-    taken: bool,
-}
-
-impl Drop for Place<'_> {
-    fn drop(&mut self) {
-        let lock = self.lock;
-        let shared = &lock.shared;
-        if self.taken {
-            // The try that took the lock settled the failed tries before it.
-            return;
-        }
-        // Failed tries of this wait whose undo waited for a next try.
-        shared.settle_deferred(&lock.slot);
-        let lock_ref = LockRef {
-            name: &lock.name,
-            channel: &lock.channel,
-            field: &self.field,
-            kind: lock.kind,
-        };
-        let publish = lock.router().publish_command();
-        let marker = scripts::fair_leave_name(&lock.name, &self.field, shared.next_request());
-        let sent = Instant::now();
-        let left = lock.router().run(&lock.name, |conn| {
-            scripts::fair_leave(conn, lock_ref, &marker, shared.latch_ttl_ms, publish)
-        });
-        if let Err(e) = left {
-            log::debug!(
-                "redlease: leaving the line of {:?} failed ({e}); retried in the background",
-                lock.name
-            );
-            // Until it is settled, this thread's next operation on the lock
-            // sets its marker first.
-            shared.settle_later(Unsettled::new(lock_ref, marker, Lost::Leave, None, sent));
+/// Calls `acquire` (a wait without a deadline) until it returns a guard
+/// or an error.
+pub(crate) fn until_acquired(
+    mut acquire: impl FnMut() -> Result<Option<LockGuard>>,
+) -> Result<LockGuard> {
+    loop {
+        if let Some(guard) = acquire()? {
+            return Ok(guard);
         }
     }
 }
 
 /// The acquire methods of [`Lock`] on a handle wrapping one (`self.lock`):
-/// the read and write locks, the fair lock.
+/// the read and write locks, the fair lock. The waits go through the
+/// handle's `fn acquire(&self, wait: Wait, terms: &Terms)`: the wrapped
+/// lock's, or with `own_wait` one the kind defines (the fair lock waits in
+/// line).
 macro_rules! acquire_methods {
     ($kind:literal) => {
+        acquire_methods!($kind, own_wait);
+
+        /// Waits as the lock it wraps does.
+        fn acquire(
+            &self,
+            wait: $crate::engine::waiting::Wait,
+            terms: &$crate::kinds::lock::Terms,
+        ) -> Result<Option<LockGuard>> {
+            self.lock.acquire(wait, terms)
+        }
+    };
+    ($kind:literal, own_wait) => {
         /// The lock's name.
         #[must_use]
         pub fn name(&self) -> &str {
@@ -944,7 +873,8 @@ macro_rules! acquire_methods {
         /// [`WriteLock::lock`](crate::WriteLock::lock) when there is no
         /// deadline (an upgrade would wait forever).
         pub fn try_lock_for(&self, wait: Duration) -> Result<Option<LockGuard>> {
-            self.lock.try_lock_for(wait)
+            let terms = self.lock.watchdog_terms()?;
+            self.acquire($crate::engine::waiting::Wait::after(wait), &terms)
         }
 
         #[doc = concat!("Takes the ", $kind, " lock, waiting until `deadline` at the latest.")]
@@ -953,7 +883,8 @@ macro_rules! acquire_methods {
         ///
         /// As for [`Lock::lock`].
         pub fn try_lock_until(&self, deadline: Instant) -> Result<Option<LockGuard>> {
-            self.lock.try_lock_until(deadline)
+            let terms = self.lock.watchdog_terms()?;
+            self.acquire($crate::engine::waiting::Wait::Until(deadline), &terms)
         }
 
         #[doc = concat!("Takes the ", $kind, " lock with a fixed `lease`, waiting at most `wait`.")]
@@ -968,7 +899,8 @@ macro_rules! acquire_methods {
             wait: Duration,
             lease: Duration,
         ) -> Result<Option<LockGuard>> {
-            self.lock.try_lock_with_lease(wait, lease)
+            let terms = self.lock.lease_terms(lease)?;
+            self.acquire($crate::engine::waiting::Wait::after(wait), &terms)
         }
 
         #[doc = concat!("How many times this thread holds the ", $kind, " lock, as Redis records it.")]
