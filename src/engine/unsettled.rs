@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
+use redis::RedisResult;
+
 use crate::engine::hold::{slot_key, Hold};
 use crate::net::transport::Connection;
 use crate::scripts::{self, Kind, LockRef};
@@ -139,6 +141,101 @@ impl Unsettled {
         Some(scripts::return_permits(
             conn, sem, held, &latch, marker, latch_ms, publish,
         ))
+    }
+
+    /// Settles the request (one script call on `conn`, `gen` a new request
+    /// id): undoes a lost acquisition, completes a lost or refused release,
+    /// returns semaphore permits, leaves a fair lock's line. Its key makes
+    /// it run at most once, and a late copy of the request a no-op. Redis's
+    /// answer: 1 if it changed something (2: an undone re-entry found a
+    /// hold key of the owner expired).
+    pub(crate) fn run(&self, conn: &mut Connection, gen: u64, publish: &str) -> RedisResult<i64> {
+        match self.kind {
+            Lost::Acquire { held, lease_ms } => scripts::cancel_acquire(
+                conn,
+                self.lock_ref(),
+                &self.key,
+                held,
+                lease_ms,
+                gen,
+                publish,
+            ),
+            // A release runs with the window as its latch TTL: a copy of it
+            // may still arrive.
+            Lost::Release { left, lease_ms } => scripts::Release {
+                lock: self.lock_ref(),
+                latch: &self.key,
+                unsettled: Vec::new(),
+                left,
+                lease_ms,
+                latch_ms: scripts::LATE_REQUEST_WINDOW_MS,
+                gen,
+                publish,
+                prefix: &self.lock_ref().hold_prefix(),
+            }
+            .run(conn)
+            .map(|r| r.unwrap_or(0)),
+            Lost::Leave => scripts::fair_leave(
+                conn,
+                self.lock_ref(),
+                &self.key,
+                scripts::LATE_REQUEST_WINDOW_MS,
+                publish,
+            )
+            .map(|_| 0),
+            // Its latch lives the window: a copy may still arrive.
+            Lost::Permits { .. } => self
+                .return_permits(conn, scripts::LATE_REQUEST_WINDOW_MS, publish)
+                .unwrap_or(Ok(0))
+                .map(|r| i64::from(r != 0)),
+        }
+    }
+
+    /// What [`run`](Unsettled::run) answering `applied` means for `hold`
+    /// (the request's hold while active, with its epoch before the run, sent
+    /// at `sent` as request `gen`): an undone re-entry re-applied the lease
+    /// the remaining holds need; `Some` with the hold and why when it is
+    /// lost.
+    pub(crate) fn ran<'h>(
+        &self,
+        applied: i64,
+        hold: Option<&'h Arc<Hold>>,
+        epoch: Option<u64>,
+        sent: Instant,
+        gen: u64,
+    ) -> Option<(&'h Arc<Hold>, &'static str)> {
+        let Lost::Acquire { held, lease_ms } = self.kind else {
+            return None;
+        };
+        let hold = hold?;
+        match (applied, epoch) {
+            (2, _) => Some((
+                hold,
+                "a hold key of it ran out before a lost re-entry was undone",
+            )),
+            (1, Some(epoch)) if held > 0 => {
+                hold.settled(epoch, sent, lease_ms, gen);
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// What settling it does, for the log.
+    pub(crate) fn what(&self) -> &'static str {
+        match self.kind {
+            Lost::Acquire { .. } => "undid an acquisition",
+            Lost::Permits { undo: true, .. } => "returned the permits of an acquisition",
+            Lost::Release { .. } | Lost::Permits { .. } => "completed a release",
+            Lost::Leave => "left the line",
+        }
+    }
+
+    /// `false` for semaphore permits, which have no lease (or a long one):
+    /// they are returned however long it takes. Anything else is given up
+    /// once no copy of it can arrive any more and its lease is long gone.
+    pub(crate) fn expires(&self) -> bool {
+        !matches!(self.kind, Lost::Permits { .. })
     }
 
     /// The request has run once, or can no longer run: its hold is no

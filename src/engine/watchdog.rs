@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use crate::engine::hold::{Hold, RenewToken, Sched};
-use crate::engine::unsettled::{Lost, Unsettled};
+use crate::engine::unsettled::Unsettled;
 use crate::net::pool::{fan_out, Job, Synced};
 use crate::net::router::{Group, Router};
 use crate::scripts;
@@ -353,8 +353,8 @@ impl Inner {
         Some((batch, unsettled))
     }
 
-    /// Settles each request not settled meanwhile by its owner: undoes a
-    /// lost acquisition, completes a lost or refused release. A copy of the
+    /// Settles each request not settled meanwhile by its owner (what that
+    /// takes is the request's own: [`Unsettled::run`]). A copy of the
     /// request may still be on its way, so this is retried (backing off to
     /// [`MAX_SETTLE_DELAY`]) until it has run once; from then on the request's
     /// key makes a late copy a no-op.
@@ -374,10 +374,7 @@ impl Inner {
                 continue;
             }
             let window = Duration::from_millis(scripts::LATE_REQUEST_WINDOW_MS);
-            // Semaphore permits have no lease (or a long one): they are
-            // returned however long it takes.
-            let permits = matches!(u.kind, Lost::Permits { .. });
-            if u.sent.elapsed() >= window && !permits {
+            if u.sent.elapsed() >= window && u.expires() {
                 // No copy of it can arrive any more, and its lease is long gone.
                 log::warn!(
                     "redlease: gave up settling a request on {:?} after {window:?}",
@@ -402,67 +399,23 @@ impl Inner {
             let n = self.router.next_request();
             let publish = self.router.publish_command();
             let sent = Instant::now();
-            let result = self.router.run_synced(&u.name, |conn| match u.kind {
-                Lost::Acquire { held, lease_ms } => {
-                    scripts::cancel_acquire(conn, u.lock_ref(), &u.key, held, lease_ms, n, publish)
-                }
-                // A release runs with the window as its latch TTL: a copy of
-                // it may still arrive.
-                Lost::Release { left, lease_ms } => scripts::Release {
-                    lock: u.lock_ref(),
-                    latch: &u.key,
-                    unsettled: Vec::new(),
-                    left,
-                    lease_ms,
-                    latch_ms: scripts::LATE_REQUEST_WINDOW_MS,
-                    gen: n,
-                    publish,
-                    prefix: &u.lock_ref().hold_prefix(),
-                }
-                .run(conn)
-                .map(|r| r.unwrap_or(0)),
-                Lost::Leave => scripts::fair_leave(
-                    conn,
-                    u.lock_ref(),
-                    &u.key,
-                    scripts::LATE_REQUEST_WINDOW_MS,
-                    publish,
-                )
-                .map(|_| 0),
-                // Its latch lives the window: a copy may still arrive.
-                Lost::Permits { .. } => u
-                    .return_permits(conn, scripts::LATE_REQUEST_WINDOW_MS, publish)
-                    .unwrap_or(Ok(0))
-                    .map(|r| i64::from(r != 0)),
-            });
+            let result = self
+                .router
+                .run_synced(&u.name, |conn| u.run(conn, n, publish));
             // Replica sync is best effort here: the request ran on the master.
             let result = result.map(|(applied, _)| applied);
             match result {
                 Ok(applied) => {
-                    if let (Lost::Acquire { .. }, Some(h), 2) = (&u.kind, &hold, applied) {
-                        self.lose(
-                            h,
-                            "a hold key of it ran out before a lost re-entry was undone",
-                        );
-                    }
-                    if let (Lost::Acquire { held, lease_ms }, Some(h), Some(epoch), 1) =
-                        (&u.kind, &hold, epoch, applied)
-                    {
-                        if *held > 0 {
-                            h.settled(epoch, sent, *lease_ms, n);
-                        }
+                    if let Some((h, why)) = u.ran(applied, hold.as_ref(), epoch, sent, n) {
+                        self.lose(h, why);
                     }
                     u.set_done();
-                    let what = match u.kind {
-                        Lost::Acquire { .. } => "undid an acquisition",
-                        Lost::Permits { undo: true, .. } => {
-                            "returned the permits of an acquisition"
-                        }
-                        Lost::Release { .. } | Lost::Permits { .. } => "completed a release",
-                        Lost::Leave => "left the line",
-                    };
                     if applied == 1 {
-                        log::info!("redlease: {what} of {:?} whose reply was lost", u.name);
+                        log::info!(
+                            "redlease: {} of {:?} whose reply was lost",
+                            u.what(),
+                            u.name
+                        );
                     }
                 }
                 Err(e) if !e.needs_settle() => {
