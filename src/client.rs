@@ -15,13 +15,13 @@ use crate::kinds::latch::CountDownLatch;
 use crate::kinds::lock::Lock;
 use crate::kinds::rwlock::ReadWriteLock;
 use crate::kinds::semaphore::Semaphore;
-use crate::net::cluster::{Cluster, NodeSettings, PubSubMode};
-use crate::net::node::Node;
-use crate::net::pool::{Counters, PoolSettings, Redis, SyncReplicas, Threads};
-use crate::net::pubsub::PubSub;
+use crate::net::cluster::PubSubMode;
+use crate::net::pool::{PoolSettings, SyncReplicas};
 use crate::net::router::Router;
-use crate::net::target::{Sentinel, Target};
-use crate::net::transport::{Endpoint, TlsOptions};
+use crate::net::setup::{
+    self, connection_infos, describe, ClusterSettings, SentinelSettings, Servers, Settings,
+};
+use crate::net::transport::TlsOptions;
 
 /// The longest `connection_timeout` or `response_timeout` accepted.
 const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
@@ -98,7 +98,7 @@ impl Client {
         I::Item: redis::IntoConnectionInfo,
     {
         let mut b = ClientBuilder::without_url("no sentinel given");
-        b.sentinel = Some(SentinelSettings {
+        b.servers.sentinel = Some(SentinelSettings {
             sentinels: connection_infos(sentinels),
             master_name: master_name.to_owned(),
             username: None,
@@ -141,7 +141,7 @@ impl Client {
         I::Item: redis::IntoConnectionInfo,
     {
         let mut b = ClientBuilder::without_url("no cluster node given");
-        b.cluster = Some(ClusterSettings {
+        b.servers.cluster = Some(ClusterSettings {
             seeds: connection_infos(seeds),
             pubsub: PubSubMode::Auto,
         });
@@ -346,9 +346,7 @@ pub struct ClientStats {
 /// ```
 #[must_use = "a builder does nothing until build() is called"]
 pub struct ClientBuilder {
-    info: std::result::Result<redis::ConnectionInfo, redis::RedisError>,
-    sentinel: Option<SentinelSettings>,
-    cluster: Option<ClusterSettings>,
+    servers: Servers,
     tls: TlsOptions,
     pool_size: u32,
     min_idle: Option<u32>,
@@ -360,33 +358,6 @@ pub struct ClientBuilder {
     retry_attempts: u32,
     sync: SyncReplicas,
     on_lock_lost: Option<LostCallback>,
-}
-
-/// What `sentinel_builder` took.
-struct SentinelSettings {
-    sentinels: Vec<redis::RedisResult<redis::ConnectionInfo>>,
-    master_name: String,
-    username: Option<String>,
-    password: Option<String>,
-    db: i64,
-}
-
-/// Each address parsed (errors kept, reported by `build()`).
-fn connection_infos<I>(addresses: I) -> Vec<redis::RedisResult<redis::ConnectionInfo>>
-where
-    I: IntoIterator,
-    I::Item: redis::IntoConnectionInfo,
-{
-    addresses
-        .into_iter()
-        .map(redis::IntoConnectionInfo::into_connection_info)
-        .collect()
-}
-
-/// What `cluster_builder` took.
-struct ClusterSettings {
-    seeds: Vec<redis::RedisResult<redis::ConnectionInfo>>,
-    pubsub: PubSubMode,
 }
 
 /// The most `retry_attempts` accepted.
@@ -404,9 +375,11 @@ impl ClientBuilder {
 
     fn new(info: redis::RedisResult<redis::ConnectionInfo>) -> ClientBuilder {
         ClientBuilder {
-            info,
-            sentinel: None,
-            cluster: None,
+            servers: Servers {
+                info,
+                sentinel: None,
+                cluster: None,
+            },
             tls: TlsOptions::default(),
             pool_size: 16,
             min_idle: Some(1),
@@ -433,7 +406,7 @@ impl ClientBuilder {
     /// Redisson does). Classic messages are broadcast to every node of the
     /// cluster; sharded ones stay within the slot's shard.
     pub fn classic_pubsub(mut self, classic: bool) -> Self {
-        if let Some(c) = &mut self.cluster {
+        if let Some(c) = &mut self.servers.cluster {
             c.pubsub = if classic {
                 PubSubMode::Classic
             } else {
@@ -447,7 +420,7 @@ impl ClientBuilder {
     /// of the data nodes (master and replicas). Defaults to none. Has no
     /// effect on a client for one server (its url carries them).
     pub fn master_auth(mut self, username: Option<&str>, password: &str) -> Self {
-        if let Some(s) = &mut self.sentinel {
+        if let Some(s) = &mut self.servers.sentinel {
             s.username = username.map(str::to_owned);
             s.password = Some(password.to_owned());
         }
@@ -457,7 +430,7 @@ impl ClientBuilder {
     /// For a [`Client::sentinel_builder`]: the database number on the data
     /// nodes. Defaults to 0.
     pub fn master_db(mut self, db: i64) -> Self {
-        if let Some(s) = &mut self.sentinel {
+        if let Some(s) = &mut self.servers.sentinel {
             s.db = db;
         }
         self
@@ -669,161 +642,21 @@ impl ClientBuilder {
                 MIN_RENEW_INTERVAL * 2
             )));
         }
-        let bad_url = |e: redis::RedisError| {
-            Error::InvalidUrl(format!(
-                "{e}; use redis://[user[:password]@]host[:port][/db], rediss://... for TLS, \
-                 or redis+unix:///path"
-            ))
-        };
-        let pool = PoolSettings {
-            max_size: self.pool_size,
-            min_idle: self.min_idle,
-            max_lifetime: self.max_lifetime,
-            idle_timeout: self.idle_timeout,
+        let settings = Settings {
+            tls: self.tls.clone(),
+            pool: PoolSettings {
+                max_size: self.pool_size,
+                min_idle: self.min_idle,
+                max_lifetime: self.max_lifetime,
+                idle_timeout: self.idle_timeout,
+                connection_timeout: self.connection_timeout,
+            },
             connection_timeout: self.connection_timeout,
+            response_timeout: self.response_timeout,
+            retry_attempts: self.retry_attempts,
+            sync: self.sync,
         };
-        let counters = Arc::new(Counters::default());
-        if let Some(c) = self.cluster.take() {
-            if c.seeds.is_empty() {
-                return Err(Error::invalid(
-                    "no cluster node given: pass the addresses of at least one node (several, \
-                     in case one is down)",
-                ));
-            }
-            let mut seeds = Vec::with_capacity(c.seeds.len());
-            let mut template = None;
-            for info in c.seeds {
-                let info = info.map_err(bad_url)?;
-                let at = describe(&info);
-                if info.redis_settings().db() != 0 {
-                    return Err(Error::InvalidUrl(format!(
-                        "{at}: Redis Cluster has database 0 only: drop the database from the url"
-                    )));
-                }
-                let endpoint = Endpoint::new(&info, &self.tls)
-                    .map_err(|e| Error::InvalidUrl(format!("cluster node {at}: {e}")))?;
-                seeds.push(endpoint.addr.clone());
-                template.get_or_insert(endpoint);
-            }
-            let template = template.expect("at least one seed");
-            let server = format!(
-                "cluster of {} seed node(s) ({})",
-                seeds.len(),
-                seeds
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-            let cluster = Cluster::new(
-                seeds,
-                NodeSettings {
-                    template,
-                    pool,
-                    response_timeout: self.response_timeout,
-                    retry_attempts: self.retry_attempts,
-                    sync: self.sync,
-                    counters: Arc::clone(&counters),
-                },
-                c.pubsub,
-            );
-            let router = Arc::new(Router::cluster(cluster, self.retry_attempts, counters));
-            return Ok(self.finish(router, server));
-        }
-        let (target, server) = match &self.sentinel {
-            None => {
-                let info = self.info.clone().map_err(bad_url)?;
-                let server = describe(&info);
-                let endpoint = Endpoint::new(&info, &self.tls)
-                    .map_err(|e| Error::InvalidUrl(format!("{server}: {e}")))?;
-                (Target::Fixed(endpoint), server)
-            }
-            Some(s) => {
-                if s.sentinels.is_empty() {
-                    return Err(Error::invalid(
-                        "no sentinel address given: pass at least one (three or more in \
-                         production)",
-                    ));
-                }
-                if s.master_name.is_empty() {
-                    return Err(Error::invalid(
-                        "the master name is empty: give the name the sentinels monitor",
-                    ));
-                }
-                let mut sentinels = Vec::with_capacity(s.sentinels.len());
-                let mut template = None;
-                for info in &s.sentinels {
-                    let info = info.clone().map_err(bad_url)?;
-                    let at = describe(&info);
-                    sentinels.push(
-                        Endpoint::new(&info, &self.tls)
-                            .map_err(|e| Error::InvalidUrl(format!("sentinel {at}: {e}")))?,
-                    );
-                    if template.is_none() {
-                        let mut redis = redis::RedisConnectionInfo::default().set_db(s.db);
-                        if let Some(u) = &s.username {
-                            redis = redis.set_username(u);
-                        }
-                        if let Some(p) = &s.password {
-                            redis = redis.set_password(p);
-                        }
-                        let data = info.set_redis_settings(redis);
-                        template = Some(
-                            Endpoint::new(&data, &self.tls)
-                                .map_err(|e| Error::InvalidUrl(format!("{at}: {e}")))?,
-                        );
-                    }
-                }
-                let template = template.expect("at least one sentinel");
-                let server = format!(
-                    "master {:?} of {} sentinel(s) ({})",
-                    s.master_name,
-                    sentinels.len(),
-                    sentinels
-                        .iter()
-                        .map(|e| e.addr.to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                );
-                let sentinel = Sentinel::new(
-                    s.master_name.clone(),
-                    sentinels,
-                    template,
-                    self.connection_timeout,
-                    self.response_timeout,
-                );
-                (Target::Sentinel(Arc::new(sentinel)), server)
-            }
-        };
-        let redis = Arc::new(Redis::new(
-            target.clone(),
-            pool,
-            self.response_timeout,
-            self.retry_attempts,
-            self.sync,
-            Arc::clone(&counters),
-            Threads::default(),
-        ));
-        let node = Node {
-            name: server.clone(),
-            pubsub: PubSub::new(
-                target.clone(),
-                self.connection_timeout,
-                self.response_timeout,
-                None,
-            ),
-            redis,
-        };
-        if let Target::Sentinel(s) = &target {
-            // A new master: drop every pooled connection made before, and
-            // have the subscriber move (it wakes its waiters to retry).
-            let epoch = node.redis.epoch();
-            s.on_change(move || {
-                epoch.fetch_add(1, Ordering::AcqRel);
-            });
-            s.on_change(node.pubsub.kicker());
-        }
-        let router = Arc::new(Router::single(node, self.retry_attempts, counters));
+        let (router, server) = setup::router(&mut self.servers, &settings)?;
         Ok(self.finish(router, server))
     }
 
@@ -847,7 +680,12 @@ impl fmt::Debug for ClientBuilder {
         f.debug_struct("ClientBuilder")
             .field(
                 "server",
-                &self.info.as_ref().map(describe).map_err(|e| e.to_string()),
+                &self
+                    .servers
+                    .info
+                    .as_ref()
+                    .map(describe)
+                    .map_err(|e| e.to_string()),
             )
             .field("tls", &self.tls)
             .field("pool_size", &self.pool_size)
@@ -864,37 +702,5 @@ impl fmt::Debug for ClientBuilder {
                 &self.on_lock_lost.as_ref().map(|_| "Fn(&str)"),
             )
             .finish()
-    }
-}
-
-/// Where a client connects, and as whom, without the password.
-fn describe(info: &redis::ConnectionInfo) -> String {
-    let settings = info.redis_settings();
-    let mut out = match info.addr() {
-        redis::ConnectionAddr::TcpTls { host, port, .. } => format!("rediss://{host}:{port}"),
-        other => other.to_string(),
-    };
-    if let Some(user) = settings.username() {
-        out = format!("{out} as {user:?}");
-    } else if settings.password().is_some() {
-        out.push_str(" with a password");
-    }
-    if settings.db() != 0 {
-        out = format!("{out}, db {}", settings.db());
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::describe;
-    use redis::IntoConnectionInfo;
-
-    #[test]
-    fn describes_without_passwords() {
-        let d = |url: &str| describe(&url.into_connection_info().unwrap());
-        assert_eq!(d("redis://:secret@h:1/0"), "h:1 with a password");
-        assert_eq!(d("redis://u:secret@h/2"), "h:6379 as \"u\", db 2");
-        assert_eq!(d("rediss://h:7/"), "rediss://h:7");
     }
 }

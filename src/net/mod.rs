@@ -14,13 +14,16 @@
 //! - `pubsub`: one server's subscriber thread and its waiters' latches;
 //! - `node`: one server's pool and subscriber;
 //! - `cluster`: the slot map, its refresh, `MOVED`/`ASK`/`TRYAGAIN`;
-//! - `router`: the node of a key, and batches grouped per node and slot.
+//! - `router`: the node of a key, and batches grouped per node and slot;
+//! - `setup`: the builder's settings made into a router (one server, a
+//!   Sentinel group's master, a Cluster).
 
 pub(crate) mod cluster;
 pub(crate) mod node;
 pub(crate) mod pool;
 pub(crate) mod pubsub;
 pub(crate) mod router;
+pub(crate) mod setup;
 pub(crate) mod target;
 #[cfg(feature = "tls")]
 pub(crate) mod tls;

@@ -73,7 +73,7 @@ impl std::fmt::Debug for Endpoint {
 /// TLS settings when the `tls` feature is off: there are none to give.
 #[cfg(not(feature = "tls"))]
 #[derive(Clone, Debug, Default)]
-pub(crate) struct TlsOptions;
+pub(crate) struct TlsOptions {}
 
 impl Endpoint {
     /// The endpoint a parsed redis-rs connection info describes.
