@@ -89,7 +89,7 @@ lua!(
     "scripts/permit_lib.lua",
     "scripts/permit_lease.lua"
 );
-// The watchdog pipelines this one itself (see `watchdog::renew_batch`).
+// The watchdog pipelines this one itself (see `engine::watchdog`, `renew_all`).
 lua!(pub(crate) RENEW, "scripts/renew.lua");
 
 impl Lua {
