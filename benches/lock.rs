@@ -216,7 +216,8 @@ impl RawPair {
                 .arg(0)
                 .arg(lease_ms)
                 .arg(8000)
-                .arg(self.n); // generation
+                .arg(self.n) // generation
+                .arg("publish");
         }
         let acquired: Option<i64> = acquire.query(conn).expect("raw acquire");
         assert_eq!(acquired, None, "raw acquire found the lock busy");
