@@ -156,6 +156,26 @@ impl Error {
         matches!(self, Error::ReplicaSync { .. })
     }
 
+    /// What a failover of the master looks like from a client: no
+    /// connection, a dropped or timed-out one, or a refusal that passes once
+    /// the servers have moved (`READONLY`, `MASTERDOWN`, `LOADING`,
+    /// `CLUSTERDOWN`, `TRYAGAIN`, a redirection not followed to its end).
+    pub(crate) fn is_failover_symptom(&self) -> bool {
+        self.is_connection_error() || matches!(self, Error::Redis(r) if is_moving_reply(r))
+    }
+
+    /// A failover symptom after which the same request may be sent again
+    /// at once: it was not sent (no connection), Redis refused it without
+    /// running it, or its connection is gone (no copy of it can arrive
+    /// later). Not after a timeout: a copy may still be on its way.
+    pub(crate) fn can_resend(&self) -> bool {
+        match self {
+            Error::Pool(_) => true,
+            Error::Redis(r) => (is_io_failure(r) && !r.is_timeout()) || is_moving_reply(r),
+            _ => false,
+        }
+    }
+
     /// The request may have reached Redis and run, though no reply came.
     pub(crate) fn maybe_applied(&self) -> bool {
         matches!(self, Error::Redis(e) if is_io_failure(e))
@@ -215,6 +235,15 @@ pub(crate) fn is_refusal(e: &redis::RedisError) -> bool {
 /// opposed to an error reply from Redis).
 pub(crate) fn is_io_failure(e: &redis::RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_timeout()
+}
+
+/// Redis refused the command without running it because the servers are
+/// moving (a failover, a slot migration).
+fn is_moving_reply(e: &redis::RedisError) -> bool {
+    matches!(
+        e.code(),
+        Some("READONLY" | "MASTERDOWN" | "LOADING" | "CLUSTERDOWN" | "TRYAGAIN" | "MOVED" | "ASK")
+    )
 }
 
 /// Redis refused the command without running it, for a reason that passes

@@ -139,6 +139,20 @@ pub(crate) fn check_name(what: &str, name: &str, router: &Router) -> Result<()> 
     Ok(())
 }
 
+/// The largest count accepted (permits, a latch's count, a change of
+/// either): 2^53, the largest whole number a Lua script counts exactly.
+pub(crate) const MAX_COUNT: u64 = 1 << 53;
+
+/// Checks a count (`what` names it): at most [`MAX_COUNT`].
+pub(crate) fn check_count(what: &str, n: u64) -> Result<()> {
+    if n > MAX_COUNT {
+        return Err(Error::invalid(format!(
+            "{what} of {n} is too large: use at most 2^53 (Lua counts exactly up to there)"
+        )));
+    }
+    Ok(())
+}
+
 /// Checks a lease-like duration: at least 1 ms, at most [`MAX_LEASE`].
 pub(crate) fn check_lease(what: &str, d: Duration) -> Result<()> {
     if d < Duration::from_millis(1) {

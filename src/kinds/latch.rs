@@ -5,13 +5,13 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::engine::shared::Shared;
+use crate::engine::shared::{check_count, Shared};
+use crate::engine::waiting::{Attempt, Waiters};
 use crate::error::{Error, Result};
 use crate::net::pool::send_once;
-use crate::net::pubsub::{Subscription, Wake, WakeRule};
+use crate::net::pubsub::WakeRule;
 use crate::net::router::Router;
 use crate::scripts::{self, LatchOp};
-use crate::time::far_future;
 
 /// A distributed count-down latch, shared with Redisson's `RCountDownLatch`
 /// on the same name: the count is the string integer at key `<name>`, and
@@ -97,13 +97,15 @@ impl CountDownLatch {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for a count of 0 (a latch at zero does not
-    /// exist: nothing would wait); a Redis or pool error.
+    /// exist: nothing would wait) or above 2^53 (Lua counts exactly up to
+    /// there); a Redis or pool error.
     pub fn try_set_count(&self, count: u64) -> Result<bool> {
         if count == 0 {
             return Err(Error::invalid(
                 "a count-down latch needs a count of at least 1 (at zero it is open already)",
             ));
         }
+        check_count("a latch count", count)?;
         Ok(self.run(LatchOp::Set(count))? == 1)
     }
 
@@ -171,33 +173,28 @@ impl CountDownLatch {
 
     fn wait_until(&self, deadline: Option<Instant>) -> Result<bool> {
         self.check_name()?;
-        if self.count()? == 0 {
-            return Ok(true);
-        }
-        let mut subscription = self.subscribe(deadline)?;
-        loop {
-            // Read after subscribing: a count-down in between is seen here.
-            if self.count()? == 0 {
-                return Ok(true);
-            }
-            subscription.used();
-            let until = deadline.unwrap_or_else(|| far_future(Instant::now()));
-            match subscription.wait_until(until)? {
-                Wake::Woken => {}
-                Wake::TimedOut => return Ok(self.count()? == 0),
-                Wake::Moved(to) => {
-                    drop(subscription);
-                    self.router().channel_moved(&self.channel, to.as_deref());
-                    subscription = self.subscribe(deadline)?;
-                }
-            }
-        }
-    }
-
-    fn subscribe(&self, deadline: Option<Instant>) -> Result<Subscription> {
-        let node = self.router().node(&self.channel)?;
-        node.pubsub
-            .subscribe(&self.channel, &self.name, WakeRule::All, deadline)
+        // The acquire loop every kind waits in: the count is read, and read
+        // again after subscribing (a count-down in between is seen), then
+        // after each message, each reconnect of the subscriber, and while
+        // the subscription is not confirmed; failovers are ridden out until
+        // the deadline.
+        let waiters = Waiters {
+            router: self.router(),
+            name: &self.name,
+            channel: &self.channel,
+            rule: WakeRule::All,
+            // Only a message (or an unconfirmed subscription) has it read
+            // again: nobody publishes a count-down's progress.
+            recheck: Duration::MAX,
+        };
+        let opened = waiters.acquire(deadline, || {
+            Ok(if self.count()? == 0 {
+                Attempt::Acquired(())
+            } else {
+                Attempt::Busy(None)
+            })
+        })?;
+        Ok(opened.is_some())
     }
 }
 

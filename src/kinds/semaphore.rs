@@ -23,7 +23,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::engine::shared::{check_name, Shared};
+use crate::engine::shared::{check_count, check_name, Shared};
 use crate::engine::unsettled::{Lost, Unsettled};
 use crate::engine::waiting::{Attempt, Wait, Waiters};
 use crate::error::{Error, Result};
@@ -38,10 +38,6 @@ use crate::scripts::{self, LockRef, PermitsOp, SemaphoreRef};
 /// bounds the cost of one missed (a Redis client that changed the count
 /// without publishing, a subscriber connection being replaced).
 pub const PERMIT_RECHECK: Duration = Duration::from_secs(1);
-
-/// The most permits one call takes, gives or sets: 2^53, the largest whole
-/// number a Lua script handles exactly.
-const MAX_PERMITS: u64 = 1 << 53;
 
 /// The names of one semaphore and the client it is used through.
 #[derive(Clone)]
@@ -249,15 +245,6 @@ impl Names {
             }
         }
     }
-}
-
-pub(crate) fn check_count(what: &str, n: u64) -> Result<()> {
-    if n > MAX_PERMITS {
-        return Err(Error::invalid(format!(
-            "{what} of {n} is too large: use at most 2^53 (Lua counts exactly up to there)"
-        )));
-    }
-    Ok(())
 }
 
 fn check_wanted(n: u32) -> Result<()> {

@@ -21,7 +21,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -42,6 +42,11 @@ pub(crate) const SLOTS: usize = 16384;
 
 /// The least time between two reads of the slot map.
 const MIN_REFRESH_GAP: Duration = Duration::from_millis(100);
+
+/// How often a client that makes no calls reads the slot map again
+/// (Redisson's `scanInterval`), so that its first call after a failover
+/// goes to the new master: one `CLUSTER SLOTS` on a kept connection.
+pub(crate) const SCAN_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Redirections one request follows before giving up.
 const MAX_REDIRECTS: u32 = 5;
@@ -97,6 +102,10 @@ pub(crate) struct Cluster {
     refreshed: Condvar,
     /// This cluster, for the background reads.
     me: Weak<Cluster>,
+    /// The `redlease-slots` thread that reads the slot map every
+    /// [`SCAN_INTERVAL`], started with the first map (it holds the cluster
+    /// weakly, and ends when the cluster is dropped).
+    scanner: OnceLock<scheduled_thread_pool::ScheduledThreadPool>,
     /// A connection to the node that answered the last read, kept for the
     /// next one (taken out while in use: no lock is held across I/O).
     kept: Mutex<Option<(Addr, Connection)>>,
@@ -120,6 +129,7 @@ impl Cluster {
             refresh: Mutex::new(RefreshState::default()),
             refreshed: Condvar::new(),
             me: me.clone(),
+            scanner: OnceLock::new(),
             kept: Mutex::new(None),
         })
     }
@@ -286,6 +296,42 @@ impl Cluster {
             log::warn!("redlease: cannot start a thread to read the slot map ({e})");
             self.refresh_ended();
         }
+    }
+
+    /// Reads the slot map now unless a read is under way or ended less than
+    /// half a [`SCAN_INTERVAL`] ago (the scanner's turn).
+    fn scan(&self) {
+        {
+            let mut st = self.refresh.lock();
+            if st.running || st.ended_at.is_some_and(|t| t.elapsed() < SCAN_INTERVAL / 2) {
+                return;
+            }
+            st.running = true;
+        }
+        if let Err(e) = self.read_map() {
+            log::debug!("redlease: the periodic read of the slot map failed: {e}");
+        }
+        self.refresh_ended();
+    }
+
+    /// Starts the scanner (once).
+    fn start_scanner(&self) {
+        self.scanner.get_or_init(|| {
+            let pool = scheduled_thread_pool::ScheduledThreadPool::builder()
+                .num_threads(1)
+                .thread_name_pattern("redlease-slots")
+                .on_drop_behavior(
+                    scheduled_thread_pool::OnPoolDropBehavior::DiscardPendingScheduled,
+                )
+                .build();
+            let me = self.me.clone();
+            pool.execute_at_fixed_rate(SCAN_INTERVAL, SCAN_INTERVAL, move || {
+                if let Some(c) = me.upgrade() {
+                    c.scan();
+                }
+            });
+            pool
+        });
     }
 
     fn refresh_ended(&self) {
@@ -494,7 +540,19 @@ impl Cluster {
                 }
             );
         }
+        let unchanged = {
+            let current = self.owners.read();
+            current.len() == owners.len()
+                && current.iter().zip(&owners).all(|(a, b)| same_node(a, b))
+        };
+        if unchanged {
+            // Nothing moved (the scanner's usual read).
+            return Ok(());
+        }
         let old = std::mem::replace(&mut *self.owners.write(), owners);
+        if old.is_empty() {
+            self.start_scanner();
+        }
         // Nodes that serve no slot now (a failed master, a seed that is a
         // replica) go: their pools stop dialling, and their subscribers hand
         // their channels back to the waiters.
@@ -598,5 +656,14 @@ impl Cluster {
                 }
             }
         }
+    }
+}
+
+/// The same owner (or none) for a slot.
+fn same_node(a: &Option<Arc<Node>>, b: &Option<Arc<Node>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        (None, None) => true,
+        _ => false,
     }
 }

@@ -11,12 +11,14 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::net::cluster::{slot, Cluster};
 use crate::net::node::Node;
 use crate::net::pool::{Counters, Synced};
 use crate::net::transport::Connection;
+use crate::time::jitter;
 
 /// The nodes of a client.
 enum Topology {
@@ -40,15 +42,23 @@ pub(crate) struct Router {
     next_request: AtomicU64,
     retry_attempts: u32,
     counters: Arc<Counters>,
+    /// How long a call without a deadline of its own rides out a failover.
+    response_timeout: Duration,
 }
 
 impl Router {
-    pub(crate) fn single(node: Node, retry_attempts: u32, counters: Arc<Counters>) -> Router {
+    pub(crate) fn single(
+        node: Node,
+        retry_attempts: u32,
+        counters: Arc<Counters>,
+        response_timeout: Duration,
+    ) -> Router {
         Router {
             topology: Topology::Single(Arc::new(node)),
             next_request: AtomicU64::new(1),
             retry_attempts,
             counters,
+            response_timeout,
         }
     }
 
@@ -56,12 +66,14 @@ impl Router {
         cluster: Arc<Cluster>,
         retry_attempts: u32,
         counters: Arc<Counters>,
+        response_timeout: Duration,
     ) -> Router {
         Router {
             topology: Topology::Cluster(cluster),
             next_request: AtomicU64::new(1),
             retry_attempts,
             counters,
+            response_timeout,
         }
     }
 
@@ -127,33 +139,79 @@ impl Router {
         }
     }
 
-    /// Runs `op` on the node of `key` (see [`Redis::run`](crate::net::pool::Redis::run)).
+    /// Runs `op` on the node of `key` (see
+    /// [`Redis::run`](crate::net::pool::Redis::run)): the one call path of
+    /// every request of every kind. It routes the key, follows `MOVED` and
+    /// `ASK`, and rides out a failover for up to a response timeout
+    /// ([`ride_out`](Router::ride_out)).
     pub(crate) fn run<T>(
         &self,
         key: &str,
         mut op: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
     ) -> Result<T> {
-        match &self.topology {
-            Topology::Single(node) => node.redis.run(op),
+        self.ride_out(key, || match &self.topology {
+            Topology::Single(node) => node.redis.run(&mut op),
             Topology::Cluster(c) => c.route(key, |node, asking| {
                 node.redis.run(|conn| asking_for(conn, asking, &mut op))
             }),
-        }
+        })
     }
 
-    /// Runs a write that decides lock state on the node of `key`, with
-    /// replica sync (see [`Redis::run_synced`](crate::net::pool::Redis::run_synced)).
+    /// [`run`](Router::run) for a write that decides lock state, with
+    /// replica sync (see
+    /// [`Redis::run_synced`](crate::net::pool::Redis::run_synced)).
     pub(crate) fn run_synced<T>(
         &self,
         key: &str,
         mut op: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
     ) -> Result<(T, Synced)> {
-        match &self.topology {
-            Topology::Single(node) => node.redis.run_synced(op),
+        self.ride_out(key, || match &self.topology {
+            Topology::Single(node) => node.redis.run_synced(&mut op),
             Topology::Cluster(c) => c.route(key, |node, asking| {
                 node.redis
                     .run_synced(|conn| asking_for(conn, asking, &mut op))
             }),
+        })
+    }
+
+    /// Runs `send` (one routed request) again while it fails the way a
+    /// failover looks and the request cannot be running still
+    /// ([`Error::can_resend`]: it was not sent, Redis refused it without
+    /// running it, or its connection is gone), for up to one response
+    /// timeout: between tries, a Cluster's slot map is read again and a
+    /// Sentinel group's master looked up again, after a pause growing from
+    /// 50 ms to 500 ms (jittered). Only where the servers can move; a
+    /// request that timed out is never sent again here (a late copy may
+    /// still run: its caller settles it). If a try that may have run fails
+    /// and a later one fails too, the first failure is returned, so that
+    /// [`Error::maybe_applied`] holds.
+    fn ride_out<T>(&self, key: &str, mut send: impl FnMut() -> Result<T>) -> Result<T> {
+        if !self.can_move() {
+            return send();
+        }
+        let deadline = Instant::now().checked_add(self.response_timeout);
+        let mut pause = Duration::from_millis(50);
+        let mut first: Option<Error> = None;
+        loop {
+            let e = match send() {
+                Ok(v) => return Ok(v),
+                Err(e) => e,
+            };
+            let wait = jitter(pause, 0.5);
+            let late = deadline.is_none_or(|d| Instant::now() + wait >= d);
+            if !e.can_resend() || late {
+                return Err(match first {
+                    Some(f) if !e.maybe_applied() => f,
+                    _ => e,
+                });
+            }
+            log::debug!("redlease: {key:?}: {e}; routing again in {wait:?}");
+            if e.maybe_applied() && first.is_none() {
+                first = Some(e);
+            }
+            self.node_failed();
+            std::thread::sleep(wait);
+            pause = (pause * 2).min(Duration::from_millis(500));
         }
     }
 

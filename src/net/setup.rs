@@ -122,7 +122,12 @@ pub(crate) fn router(servers: &mut Servers, settings: &Settings) -> Result<(Arc<
             },
             c.pubsub,
         );
-        let router = Arc::new(Router::cluster(cluster, settings.retry_attempts, counters));
+        let router = Arc::new(Router::cluster(
+            cluster,
+            settings.retry_attempts,
+            counters,
+            settings.response_timeout,
+        ));
         return Ok((router, server));
     }
     let (target, server) = match &servers.sentinel {
@@ -218,7 +223,12 @@ pub(crate) fn router(servers: &mut Servers, settings: &Settings) -> Result<(Arc<
         });
         s.on_change(node.pubsub.kicker());
     }
-    let router = Arc::new(Router::single(node, settings.retry_attempts, counters));
+    let router = Arc::new(Router::single(
+        node,
+        settings.retry_attempts,
+        counters,
+        settings.response_timeout,
+    ));
     Ok((router, server))
 }
 
