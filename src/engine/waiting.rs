@@ -8,10 +8,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::net::pubsub::{Subscription, Wake, WakeRule};
 use crate::net::router::Router;
-use crate::time::jitter;
+use crate::time::{far_future, jitter};
 
 /// How long a caller is prepared to wait.
 pub(crate) enum Wait {
@@ -53,7 +53,9 @@ pub(crate) struct Waiters<'a> {
     pub(crate) name: &'a str,
     pub(crate) channel: &'a str,
     pub(crate) rule: WakeRule,
-    /// The longest wait without a message when a busy reply gives no hint.
+    /// The longest wait without a message when a busy reply gives no hint
+    /// (`Duration::MAX`: none but the subscription's own bound while it is
+    /// not confirmed).
     pub(crate) recheck: Duration,
 }
 
@@ -74,33 +76,60 @@ impl Waiters<'_> {
             return Ok(None);
         }
         let mut subscription = self.subscribe(deadline)?;
+        // Set when the wait ended only because the subscription is not
+        // confirmed (its link may be failing): the try that follows is a
+        // re-check, and a connection failure of it does not end the wait
+        // (the same outage may have broken the link), as long as the bound
+        // of the last answered try has not passed.
+        let mut recheck_until: Option<Instant> = None;
         loop {
-            // An error drops the subscription, which passes a wake-up this
-            // retry took on to another waiter.
-            let tried = attempt()?;
-            subscription.used();
-            let hint = match tried {
-                Attempt::Acquired(g) => return Ok(Some(g)),
-                Attempt::Busy(hint) => hint,
+            let tried = attempt();
+            if tried.is_ok() {
+                subscription.used();
+            }
+            let until = match tried {
+                Ok(Attempt::Acquired(g)) => return Ok(Some(g)),
+                Ok(Attempt::Busy(hint)) => {
+                    let now = Instant::now();
+                    if deadline.is_some_and(|d| now >= d) {
+                        return Ok(None);
+                    }
+                    // Bounded by the hint: a crashed holder publishes
+                    // nothing, but its lease runs out.
+                    let hint = hint.unwrap_or(self.recheck).max(Duration::from_millis(1));
+                    let until = now.checked_add(hint).unwrap_or_else(|| far_future(now));
+                    deadline.map_or(until, |d| until.min(d))
+                }
+                Err(e) if e.is_connection_error() => {
+                    match recheck_until.filter(|u| Instant::now() < *u) {
+                        Some(until) => {
+                            log::debug!(
+                                "redlease: {:?}: a re-check failed ({e}); waiting on",
+                                self.name
+                            );
+                            until
+                        }
+                        None => return Err(e),
+                    }
+                }
+                // An error drops the subscription, which passes a wake-up
+                // this retry took on to another waiter.
+                Err(e) => return Err(e),
             };
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
-                return Ok(None);
-            }
-            // Bounded by the hint: a crashed holder publishes nothing, but
-            // its lease runs out.
-            let hint = hint.unwrap_or(self.recheck).max(Duration::from_millis(1));
-            let mut until = now.checked_add(hint).unwrap_or(now + self.recheck);
-            if let Some(d) = deadline {
-                until = until.min(d);
-            }
-            if let Wake::Moved(to) = subscription.wait_until(until)? {
-                // The channel's slot moved or its node failed (Cluster):
-                // subscribe where it is now, then retry (a release between
-                // the two is not missed).
-                drop(subscription);
-                self.router.channel_moved(self.channel, to.as_deref());
-                subscription = self.subscribe(deadline)?;
+            recheck_until = None;
+            match subscription.wait_until(until)? {
+                Wake::Woken => {}
+                Wake::TimedOut => {
+                    recheck_until = (Instant::now() < until).then_some(until);
+                }
+                Wake::Moved(to) => {
+                    // The channel's slot moved or its node failed (Cluster):
+                    // subscribe where it is now, then retry (a release
+                    // between the two is not missed).
+                    drop(subscription);
+                    self.router.channel_moved(self.channel, to.as_deref());
+                    subscription = self.subscribe(deadline)?;
+                }
             }
         }
     }
@@ -130,7 +159,7 @@ pub(crate) fn through_failover<T>(
     let mut pause = Duration::from_millis(50);
     loop {
         match f() {
-            Err(e) if router.can_move() && is_failover_symptom(&e) => {
+            Err(e) if router.can_move() && e.is_failover_symptom() => {
                 let wait = jitter(pause, 0.5);
                 if deadline.is_some_and(|d| Instant::now() + wait >= d) {
                     return Err(e);
@@ -142,15 +171,4 @@ pub(crate) fn through_failover<T>(
             other => return other,
         }
     }
-}
-
-/// What a failover of the master looks like from a client.
-fn is_failover_symptom(e: &Error) -> bool {
-    e.is_connection_error()
-        || matches!(e, Error::Redis(r) if matches!(
-            r.code(),
-            Some(
-                "READONLY" | "MASTERDOWN" | "LOADING" | "CLUSTERDOWN" | "TRYAGAIN" | "MOVED" | "ASK"
-            )
-        ))
 }

@@ -401,6 +401,10 @@ impl Group {
                     if let Some(d) = deadline {
                         until = until.min(d);
                     }
+                    // Sooner while a subscription is not confirmed.
+                    for s in subs.iter().flatten() {
+                        until = s.bound(until);
+                    }
                     notify.wait_until(until);
                     for (i, m) in self.members.iter().enumerate() {
                         let moved = match &subs[i] {

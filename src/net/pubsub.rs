@@ -67,6 +67,10 @@ const FAST_RECONNECT_EVERY: Duration = Duration::from_secs(1);
 /// Bounds of the ping interval, which is the response timeout clamped to
 /// them: often enough to find a silent link within about two response
 /// timeouts, never more than 10 PINGs a second on an idle connection.
+/// The first re-check of a waiter whose subscription is not confirmed (see
+/// [`Subscription::bound`]); it doubles up to the response timeout.
+const UNCONFIRMED_RECHECK: Duration = Duration::from_millis(100);
+
 const MIN_PING_INTERVAL: Duration = Duration::from_millis(100);
 const MAX_PING_INTERVAL: Duration = Duration::from_secs(1);
 /// The hint in the error of a SUBSCRIBE refused for lack of permissions.
@@ -279,6 +283,14 @@ impl Latch {
         state.tell_watchers();
     }
 
+    /// The subscriber's connection was lost: its waiters take their wait's
+    /// bound again (their subscription is not confirmed any more).
+    fn recheck(&self) {
+        let mut state = self.state.lock();
+        self.wake.notify_all();
+        state.tell_watchers();
+    }
+
     fn moved(&self, to: Option<&str>) {
         let mut state = self.state.lock();
         state.moved = Some(to.map(str::to_owned));
@@ -300,6 +312,10 @@ struct Channel {
     name: String,
     /// Sequence number of the SUBSCRIBE that created this entry.
     sub_seq: u64,
+    /// Redis acknowledged its SUBSCRIBE on the current connection: a
+    /// release published from now on reaches this process. Cleared when the
+    /// connection is lost or replaced, set again by the new acknowledgement.
+    confirmed: AtomicBool,
     /// Keyed by lock name; changed only under the channel map's lock.
     latches: Mutex<HashMap<String, Arc<Latch>>>,
 }
@@ -518,6 +534,7 @@ impl PubSub {
                     let c = Arc::new(Channel {
                         name: channel.to_owned(),
                         sub_seq: out.next_seq,
+                        confirmed: AtomicBool::new(false),
                         latches: Mutex::new(HashMap::new()),
                     });
                     out.push(&cmd, Some(Arc::clone(&c)));
@@ -546,6 +563,7 @@ impl PubSub {
             lock: lock.to_owned(),
             latch,
             held: Cell::new(false),
+            recheck: Cell::new(UNCONFIRMED_RECHECK),
         };
         let now = Instant::now();
         let mut until = now.checked_add(inner.response_timeout).unwrap_or(now);
@@ -600,6 +618,8 @@ pub(crate) struct Subscription {
     latch: Arc<Latch>,
     /// A wake-up was taken and its retry has not been answered yet.
     held: Cell<bool>,
+    /// The next re-check while the subscription is not confirmed.
+    recheck: Cell<Duration>,
 }
 
 impl Subscription {
@@ -613,6 +633,10 @@ impl Subscription {
     /// router.
     ///
     /// Errors: Redis refused the channel's SUBSCRIBE.
+    ///
+    /// While the subscription is not confirmed the wait ends sooner, with
+    /// [`Wake::TimedOut`] (see [`bound`](Subscription::bound)); the bound
+    /// is taken again whenever the subscriber's connection is lost.
     pub(crate) fn wait_until(&self, until: Instant) -> Result<Wake> {
         // Waiting again means the retry after the last wake-up was answered.
         self.held.set(false);
@@ -621,10 +645,30 @@ impl Subscription {
             if let Some(wake) = self.take(&mut state)? {
                 return Ok(wake);
             }
-            if self.latch.wake.wait_until(&mut state, until).timed_out() {
+            let at = self.bound(until);
+            if self.latch.wake.wait_until(&mut state, at).timed_out() {
                 return Ok(self.take(&mut state)?.unwrap_or(Wake::TimedOut));
             }
         }
+    }
+
+    /// `until`, or sooner while the subscription is not confirmed (its
+    /// SUBSCRIBE not acknowledged yet, or its connection lost or replaced
+    /// since): a waiter must not count on a message that may never come, so
+    /// it tries again after [`UNCONFIRMED_RECHECK`], doubling at each wait
+    /// up to the response timeout. Once confirmed, `until` stands: on a
+    /// healthy link a waiter waits for the message.
+    pub(crate) fn bound(&self, until: Instant) -> Instant {
+        if self.channel.confirmed.load(Ordering::Acquire) {
+            self.recheck.set(UNCONFIRMED_RECHECK);
+            return until;
+        }
+        let d = self.recheck.get();
+        let cap = self.inner.response_timeout.max(UNCONFIRMED_RECHECK);
+        self.recheck.set(d.saturating_mul(2).min(cap));
+        let now = Instant::now();
+        now.checked_add(jitter(d, 0.25))
+            .map_or(until, |at| at.min(until))
     }
 
     /// What happened to this subscription, if anything: a refusal, a move,
@@ -1074,6 +1118,7 @@ impl Inner {
                 self.acked_cv.notify_all();
             }
             for c in map.values() {
+                c.confirmed.store(false, Ordering::Release);
                 out.push(&self.command(true, &c.name), Some(Arc::clone(c)));
             }
             (!map.is_empty()).then_some(out.next_seq)
@@ -1143,8 +1188,13 @@ impl Inner {
                 }
             };
             match (reply, answered) {
-                (Reply::Ack, Some(Sent::Command { seq, .. }))
-                | (Reply::Unsubscribed(_), Some(Sent::Unsubscribe { seq, .. })) => {
+                (Reply::Ack, Some(Sent::Command { seq, subscribe })) => {
+                    if let Some(c) = subscribe {
+                        c.confirmed.store(true, Ordering::Release);
+                    }
+                    self.set_acked(seq)
+                }
+                (Reply::Unsubscribed(_), Some(Sent::Unsubscribe { seq, .. })) => {
                     self.set_acked(seq)
                 }
                 (Reply::Refused(e), Some(Sent::Command { seq, subscribe })) => {
@@ -1199,12 +1249,25 @@ impl Inner {
                 }
             }
         };
-        let mut out = self.out.lock();
-        if out.stream.as_ref().is_some_and(|s| Arc::ptr_eq(s, stream)) {
-            out.stream = None;
-            out.buf.clear();
-            out.sent.clear();
-            out.ping_sent = None;
+        {
+            let mut out = self.out.lock();
+            if out.stream.as_ref().is_some_and(|s| Arc::ptr_eq(s, stream)) {
+                out.stream = None;
+                out.buf.clear();
+                out.sent.clear();
+                out.ping_sent = None;
+            }
+        }
+        // No message reaches this process until the next connection's
+        // SUBSCRIBEs are acknowledged: every waiter re-checks on its own
+        // until its subscription is confirmed again (the acknowledgement
+        // then wakes them all, for a release missed meanwhile).
+        let channels: Vec<_> = self.channels.lock().values().cloned().collect();
+        for c in channels {
+            c.confirmed.store(false, Ordering::Release);
+            for latch in c.latches() {
+                latch.recheck();
+            }
         }
         err
     }
