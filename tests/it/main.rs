@@ -12,6 +12,7 @@ mod faults_common;
 
 mod acl;
 mod cluster;
+mod failover;
 mod fair;
 mod faults_correctness;
 mod faults_cut;

@@ -15,6 +15,7 @@ use redlease::{Client, LockGuard};
 
 const MASTER: &str = "mymaster";
 const DOWN_AFTER: Duration = Duration::from_millis(1000);
+const WAIT_LONG: Duration = Duration::from_secs(30);
 
 struct SentinelProc {
     port: u16,
@@ -610,4 +611,131 @@ fn a_fair_waiter_keeps_its_place_through_a_timed_out_try() {
     tb.join().expect("B");
     assert_eq!(after, before, "A kept its place");
     assert_eq!(*order.lock().unwrap(), vec!["A", "B"]);
+}
+
+/// An idle client (it used every kind before, then made no call during the
+/// failover) calls every kind once, 5 s after a SIGKILL failover of the
+/// master: every call succeeds.
+#[test]
+fn an_idle_client_s_first_call_of_every_kind_after_a_sentinel_failover_succeeds() {
+    let g = Group::start(false);
+    let idle = g.client(true);
+    let setup = g.client(true);
+    assert!(setup.semaphore("idle:sem").try_set_permits(2).unwrap());
+    assert!(setup
+        .permit_expirable_semaphore("idle:exp")
+        .try_set_permits(2)
+        .unwrap());
+    assert!(setup
+        .count_down_latch("idle:latch")
+        .try_set_count(1)
+        .unwrap());
+    drop(idle.lock("idle:lock").try_lock().unwrap().expect("lock"));
+    drop(
+        idle.fair_lock("idle:fair")
+            .try_lock()
+            .unwrap()
+            .expect("fair"),
+    );
+    drop(
+        idle.semaphore("idle:sem")
+            .try_acquire(1)
+            .unwrap()
+            .expect("permit"),
+    );
+    assert_eq!(idle.count_down_latch("idle:latch").count().unwrap(), 1);
+    let guard = idle
+        .lock("idle:held")
+        .lock_with_lease(Duration::from_secs(60))
+        .expect("a held lock");
+    let old = g.nodes[0].port();
+    g.nodes[0].kill();
+    let new = g.new_master(old);
+    // A client made after the failover counts the latch down (a count-down
+    // is sent at most once: a pooled connection to the dead master would
+    // make it "may have run").
+    let after = g.client(true);
+    wait_until("the count-down on the new master", WAIT_LONG, || {
+        after.count_down_latch("idle:latch").count_down().is_ok()
+    });
+    thread::sleep(Duration::from_secs(5));
+    eprintln!("promoted port {new}; the idle client calls now");
+
+    let mut failed = Vec::new();
+    let mut check = |what: &str, r: redlease::Result<bool>| match r {
+        Ok(true) => {}
+        Ok(false) => failed.push(format!("{what}: wrong answer")),
+        Err(e) => failed.push(format!("{what}: {e}")),
+    };
+    check(
+        "try_lock",
+        idle.lock("idle:lock").try_lock().map(|g| g.is_some()),
+    );
+    check(
+        "fair try_lock",
+        idle.fair_lock("idle:fair").try_lock().map(|g| g.is_some()),
+    );
+    check(
+        "Semaphore::try_acquire",
+        idle.semaphore("idle:sem")
+            .try_acquire(1)
+            .map(|p| p.is_some()),
+    );
+    check(
+        "ExpirableSemaphore::try_acquire",
+        idle.permit_expirable_semaphore("idle:exp")
+            .try_acquire(Duration::from_secs(60))
+            .map(|p| p.is_some()),
+    );
+    check("unlock of a held guard", guard.unlock().map(|()| true));
+    check("is_locked", idle.lock("idle:held").is_locked().map(|l| !l));
+    check(
+        "CountDownLatch::wait_for",
+        idle.count_down_latch("idle:latch")
+            .wait_for(Duration::from_secs(5)),
+    );
+    assert!(
+        failed.is_empty(),
+        "calls of an idle client after a sentinel failover failed: {failed:#?}"
+    );
+}
+
+/// A latch waiter waits across a SIGKILL failover of the master and
+/// returns true once the count reaches zero on the new master.
+#[test]
+fn a_latch_waiter_rides_out_a_sentinel_failover() {
+    let g = Group::start(false);
+    let waiter_client = g.client(true);
+    let other = g.client(true);
+    assert!(other.count_down_latch("ride").try_set_count(1).unwrap());
+    let (tx, rx) = mpsc::channel();
+    let latch = waiter_client.count_down_latch("ride");
+    let waiter = thread::spawn(move || {
+        let r = latch.wait_for(Duration::from_secs(40));
+        tx.send(Instant::now()).unwrap();
+        r
+    });
+    wait_until("the waiter to subscribe", WAIT_LONG, || {
+        g.nodes[0].subscribers("redisson_countdownlatch__channel__{ride}") == 1
+    });
+    let old = g.nodes[0].port();
+    g.nodes[0].kill();
+    g.new_master(old);
+    let after = g.client(true);
+    wait_until(
+        "the count to be readable on the new master",
+        WAIT_LONG,
+        || after.count_down_latch("ride").count().is_ok_and(|n| n == 1),
+    );
+    assert!(rx.try_recv().is_err(), "the waiter still waits");
+    let counted = Instant::now();
+    assert_eq!(after.count_down_latch("ride").count_down().unwrap(), 0);
+    let returned = rx.recv_timeout(WAIT_LONG).expect("the waiter returns");
+    let opened = waiter.join().expect("waiter thread");
+    assert!(matches!(opened, Ok(true)), "the latch opened: {opened:?}");
+    eprintln!(
+        "latch waiter returned {:?} after the count-down",
+        returned - counted
+    );
+    assert!(returned - counted < Duration::from_secs(10));
 }
