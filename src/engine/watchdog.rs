@@ -95,6 +95,9 @@ pub(crate) struct Counters {
 struct Inner {
     router: Arc<Router>,
     on_lost: Option<LostCallback>,
+    /// The causes of failed settles warned about (`<node>: <what failed>`),
+    /// until a settle on that node succeeds.
+    settle_warned: Mutex<Vec<String>>,
     state: Mutex<State>,
     wake: Condvar,
     counters: Counters,
@@ -128,6 +131,7 @@ impl Watchdog {
             inner: Arc::new(Inner {
                 router,
                 on_lost,
+                settle_warned: Mutex::new(Vec::new()),
                 state: Mutex::new(State {
                     schedule: BTreeMap::new(),
                     unsettled: Vec::new(),
@@ -406,6 +410,12 @@ impl Inner {
             let result = result.map(|(applied, _)| applied);
             match result {
                 Ok(applied) => {
+                    if let Some(node) = &node {
+                        let prefix = format!("{node}: ");
+                        self.settle_warned
+                            .lock()
+                            .retain(|c| !c.starts_with(&prefix));
+                    }
                     if let Some((h, why)) = u.ran(applied, hold.as_ref(), epoch, sent, n) {
                         self.lose(h, why);
                     }
@@ -429,12 +439,27 @@ impl Inner {
                     u.set_done();
                 }
                 Err(e) => {
-                    if tries == 0 {
+                    // Warned once per cause (a node and what failed there)
+                    // until a settle on that node succeeds again: an outage
+                    // with many requests pending is one line.
+                    let cause = format!("{}: {}", node.as_deref().unwrap_or("no node"), cause(&e));
+                    let first = {
+                        let mut warned = self.settle_warned.lock();
+                        let first = !warned.contains(&cause);
+                        if first {
+                            warned.push(cause);
+                        }
+                        first
+                    };
+                    if first {
                         log::warn!(
                             "redlease: settling a request on {:?} failed ({e}); retrying until \
-                             redis takes it",
+                             redis takes it (requests pending: see ClientStats::\
+                             unsettled_requests)",
                             u.name
                         );
+                    } else {
+                        log::debug!("redlease: settling a request on {:?} failed ({e})", u.name);
                     }
                     failed.extend(node);
                     again.push((Instant::now() + backoff, tries.saturating_add(1), u));
@@ -732,6 +757,25 @@ impl Inner {
                 None
             }
         }
+    }
+}
+
+/// What failed, for grouping settle failures by cause: no connection, the
+/// connection failing, or what Redis answered.
+fn cause(e: &crate::error::Error) -> &'static str {
+    use crate::error::Error;
+    match e {
+        Error::Pool(_) => "no connection",
+        Error::Redis(r) if r.is_timeout() => "no reply in time",
+        Error::Redis(r) if r.is_io_error() || r.is_connection_dropped() => "connection failed",
+        Error::Redis(r) => r.code().map_or("refused", |code| match code {
+            "READONLY" | "MASTERDOWN" | "LOADING" | "CLUSTERDOWN" | "TRYAGAIN" => "servers moving",
+            "BUSY" => "busy",
+            "NOPERM" | "NOAUTH" => "not allowed",
+            "OOM" => "out of memory",
+            _ => "refused",
+        }),
+        _ => "other",
     }
 }
 
