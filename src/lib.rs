@@ -80,8 +80,9 @@
 //! Each [`Client`] has an r2d2 pool (connections opened by one
 //! `redlease-connect` thread), one `redlease-watchdog` thread that renews
 //! every watched lock of the client in batched round trips, and one
-//! `redlease-pubsub` thread with one subscriber connection for all waiters.
-//! None of them is per lock; they stop when the last `Client` clone and the
+//! `redlease-pubsub` thread with one subscriber connection for all waiters
+//! (on a Redis Cluster, one per master, and a `redlease-slots` thread that
+//! reads the slot map every second). None of them is per lock; they stop when the last `Client` clone and the
 //! last guard are gone.
 //!
 //! Every call, and dropping a [`LockGuard`], makes blocking round trips,

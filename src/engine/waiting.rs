@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::net::pubsub::{Subscription, Wake, WakeRule};
 use crate::net::router::Router;
 use crate::time::{far_future, jitter};
@@ -100,21 +100,9 @@ impl Waiters<'_> {
                     let until = now.checked_add(hint).unwrap_or_else(|| far_future(now));
                     deadline.map_or(until, |d| until.min(d))
                 }
-                Err(e) if e.is_connection_error() => {
-                    match recheck_until.filter(|u| Instant::now() < *u) {
-                        Some(until) => {
-                            log::debug!(
-                                "redlease: {:?}: a re-check failed ({e}); waiting on",
-                                self.name
-                            );
-                            until
-                        }
-                        None => return Err(e),
-                    }
-                }
                 // An error drops the subscription, which passes a wake-up
                 // this retry took on to another waiter.
-                Err(e) => return Err(e),
+                Err(e) => failed_recheck(e, recheck_until, self.name)?,
             };
             recheck_until = None;
             match subscription.wait_until(until)? {
@@ -170,5 +158,24 @@ pub(crate) fn through_failover<T>(
             }
             other => return other,
         }
+    }
+}
+
+/// A try that failed with `e`: if it was a re-check made only because the
+/// subscription is not confirmed (`recheck_until`, the bound of the last
+/// answered try, still ahead) and it failed on the connection (the outage
+/// that broke the link may have broken this too), the instant to wait on
+/// until; else `e`.
+pub(crate) fn failed_recheck(
+    e: Error,
+    recheck_until: Option<Instant>,
+    name: &str,
+) -> Result<Instant> {
+    match recheck_until.filter(|u| Instant::now() < *u) {
+        Some(until) if e.is_connection_error() => {
+            log::debug!("redlease: {name:?}: a re-check failed ({e}); waiting on");
+            Ok(until)
+        }
+        _ => Err(e),
     }
 }

@@ -403,9 +403,11 @@ impl Inner {
             let n = self.router.next_request();
             let publish = self.router.publish_command();
             let sent = Instant::now();
+            // One try: the thread tries again on its own schedule, and other
+            // settles and the renewals wait behind this one.
             let result = self
                 .router
-                .run_synced(&u.name, |conn| u.run(conn, n, publish));
+                .run_synced_within(&u.name, Duration::ZERO, |conn| u.run(conn, n, publish));
             // Replica sync is best effort here: the request ran on the master.
             let result = result.map(|(applied, _)| applied);
             match result {
@@ -738,14 +740,15 @@ impl Inner {
     ) -> Option<redis::Value> {
         let key = &batch[*chunk.first()?].hold.name;
         self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
-        let result = self.router.run_synced(key, |conn| {
-            match renew_command(batch, gens, chunk, false).query(conn) {
-                Err(e) if scripts::is_noscript(&e) => {
-                    renew_command(batch, gens, chunk, true).query(conn)
+        let result =
+            self.router.run_synced_within(key, Duration::ZERO, |conn| {
+                match renew_command(batch, gens, chunk, false).query(conn) {
+                    Err(e) if scripts::is_noscript(&e) => {
+                        renew_command(batch, gens, chunk, true).query(conn)
+                    }
+                    other => other,
                 }
-                other => other,
-            }
-        });
+            });
         match result {
             Ok((v, Synced::Yes | Synced::NotNeeded)) => Some(v),
             Ok((_, Synced::No { .. })) => None,

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::engine::hold::LostListener;
+use crate::engine::waiting::failed_recheck;
 use crate::error::{Error, Result};
 use crate::kinds::guard::{LockGuard, Release};
 use crate::kinds::lock::{Attempt, Lock, Request, Terms, Wait};
@@ -354,14 +355,19 @@ impl Group {
         let notify = Arc::new(Notify::default());
         let mut subs: Vec<Option<Subscription>> = self.members.iter().map(|_| None).collect();
         let mut backoff = Duration::from_millis(5);
+        // Set when the last wait ended only because a subscription is not
+        // confirmed: a connection failure of the round that follows does
+        // not end the wait while the bound of the last answered round lasts
+        // (as in the shared acquire loop, `engine::waiting`).
+        let mut recheck_until: Option<Instant> = None;
         loop {
             let round = self.round(&terms);
             for s in subs.iter().flatten() {
                 s.used();
             }
-            match self.settle_round(round, &terms)? {
-                Ok(guard) => return Ok(Some(guard)),
-                Err((split, busy)) => {
+            let until = match self.settle_round(round, &terms) {
+                Ok(Ok(guard)) => return Ok(Some(guard)),
+                Ok(Err((split, busy))) => {
                     let now = Instant::now();
                     if deadline.is_some_and(|d| now >= d) {
                         return Ok(None);
@@ -397,33 +403,31 @@ impl Group {
                     // publishes nothing.
                     let ttl = busy.unwrap_or(NO_TTL_RECHECK).max(Duration::from_millis(1));
                     let now = Instant::now();
-                    let mut until = now.checked_add(ttl).unwrap_or(now + NO_TTL_RECHECK);
-                    if let Some(d) = deadline {
-                        until = until.min(d);
-                    }
-                    // Sooner while a subscription is not confirmed.
-                    for s in subs.iter().flatten() {
-                        until = s.bound(until);
-                    }
-                    notify.wait_until(until);
-                    for (i, m) in self.members.iter().enumerate() {
-                        let moved = match &subs[i] {
-                            Some(s) => match s.try_take()? {
-                                Some(Wake::Moved(to)) => Some(to),
-                                _ => None,
-                            },
-                            None => None,
-                        };
-                        if let Some(to) = moved {
-                            // The channel's slot moved or its node failed
-                            // (Cluster): subscribe where it is now.
-                            subs[i] = None;
-                            m.router().channel_moved(m.channel(), to.as_deref());
-                            let s = m.subscribe(deadline)?;
-                            s.watch(&notify);
-                            subs[i] = Some(s);
-                        }
-                    }
+                    let until = now.checked_add(ttl).unwrap_or(now + NO_TTL_RECHECK);
+                    deadline.map_or(until, |d| until.min(d))
+                }
+                Err(e) => failed_recheck(e, recheck_until, &self.name())?,
+            };
+            // Sooner while a subscription is not confirmed.
+            let at = subs.iter().flatten().fold(until, |at, s| s.bound(at));
+            let notified = notify.wait_until(at);
+            recheck_until = (!notified && Instant::now() < until).then_some(until);
+            for (i, m) in self.members.iter().enumerate() {
+                let moved = match &subs[i] {
+                    Some(s) => match s.try_take()? {
+                        Some(Wake::Moved(to)) => Some(to),
+                        _ => None,
+                    },
+                    None => None,
+                };
+                if let Some(to) = moved {
+                    // The channel's slot moved or its node failed
+                    // (Cluster): subscribe where it is now.
+                    subs[i] = None;
+                    m.router().channel_moved(m.channel(), to.as_deref());
+                    let s = m.subscribe(deadline)?;
+                    s.watch(&notify);
+                    subs[i] = Some(s);
                 }
             }
         }

@@ -284,11 +284,11 @@ impl Latch {
     }
 
     /// The subscriber's connection was lost: its waiters take their wait's
-    /// bound again (their subscription is not confirmed any more).
+    /// bound again (their subscription is not confirmed any more). Waiters
+    /// of several locks (`watchers`) take it at their next wait.
     fn recheck(&self) {
-        let mut state = self.state.lock();
+        let _state = self.state.lock();
         self.wake.notify_all();
-        state.tell_watchers();
     }
 
     fn moved(&self, to: Option<&str>) {

@@ -149,7 +149,7 @@ impl Router {
         key: &str,
         mut op: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
     ) -> Result<T> {
-        self.ride_out(key, || match &self.topology {
+        self.ride_out(key, self.response_timeout, || match &self.topology {
             Topology::Single(node) => node.redis.run(&mut op),
             Topology::Cluster(c) => c.route(key, |node, asking| {
                 node.redis.run(|conn| asking_for(conn, asking, &mut op))
@@ -163,9 +163,22 @@ impl Router {
     pub(crate) fn run_synced<T>(
         &self,
         key: &str,
+        op: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
+    ) -> Result<(T, Synced)> {
+        self.run_synced_within(key, self.response_timeout, op)
+    }
+
+    /// [`run_synced`](Router::run_synced) riding out a failover for at most
+    /// `budget` instead of a response timeout: the watchdog's background
+    /// requests, which it tries again on a schedule of its own (a failed try
+    /// still has the slot map read again for the next one).
+    pub(crate) fn run_synced_within<T>(
+        &self,
+        key: &str,
+        budget: Duration,
         mut op: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
     ) -> Result<(T, Synced)> {
-        self.ride_out(key, || match &self.topology {
+        self.ride_out(key, budget, || match &self.topology {
             Topology::Single(node) => node.redis.run_synced(&mut op),
             Topology::Cluster(c) => c.route(key, |node, asking| {
                 node.redis
@@ -177,19 +190,25 @@ impl Router {
     /// Runs `send` (one routed request) again while it fails the way a
     /// failover looks and the request cannot be running still
     /// ([`Error::can_resend`]: it was not sent, Redis refused it without
-    /// running it, or its connection is gone), for up to one response
-    /// timeout: between tries, a Cluster's slot map is read again and a
+    /// running it, or its connection is gone), for up to `budget` (a
+    /// response timeout, for a caller's request): between tries, a
+    /// Cluster's slot map is read again and a
     /// Sentinel group's master looked up again, after a pause growing from
     /// 50 ms to 500 ms (jittered). Only where the servers can move; a
     /// request that timed out is never sent again here (a late copy may
     /// still run: its caller settles it). If a try that may have run fails
     /// and a later one fails too, the first failure is returned, so that
     /// [`Error::maybe_applied`] holds.
-    fn ride_out<T>(&self, key: &str, mut send: impl FnMut() -> Result<T>) -> Result<T> {
+    fn ride_out<T>(
+        &self,
+        key: &str,
+        budget: Duration,
+        mut send: impl FnMut() -> Result<T>,
+    ) -> Result<T> {
         if !self.can_move() {
             return send();
         }
-        let deadline = Instant::now().checked_add(self.response_timeout);
+        let deadline = Instant::now().checked_add(budget);
         let mut pause = Duration::from_millis(50);
         let mut first: Option<Error> = None;
         loop {
@@ -197,9 +216,15 @@ impl Router {
                 Ok(v) => return Ok(v),
                 Err(e) => e,
             };
+            let resend = e.can_resend();
+            if resend {
+                // The map (Cluster) is read again for the next try, ours
+                // or the caller's.
+                self.node_failed();
+            }
             let wait = jitter(pause, 0.5);
             let late = deadline.is_none_or(|d| Instant::now() + wait >= d);
-            if !e.can_resend() || late {
+            if !resend || late {
                 return Err(match first {
                     Some(f) if !e.maybe_applied() => f,
                     _ => e,
@@ -209,7 +234,6 @@ impl Router {
             if e.maybe_applied() && first.is_none() {
                 first = Some(e);
             }
-            self.node_failed();
             std::thread::sleep(wait);
             pause = (pause * 2).min(Duration::from_millis(500));
         }
