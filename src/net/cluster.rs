@@ -582,6 +582,7 @@ impl Cluster {
     pub(crate) fn route<R>(
         &self,
         key: &str,
+        budget: Duration,
         mut exec: impl FnMut(&Node, bool) -> Result<R>,
     ) -> Result<R> {
         let slot = slot(key.as_bytes());
@@ -636,9 +637,7 @@ impl Cluster {
                     next = Some((to, true));
                     redirects += 1;
                 }
-                (Some("TRYAGAIN" | "CLUSTERDOWN"), _)
-                    if started.elapsed() + pause < self.settings.response_timeout =>
-                {
+                (Some("TRYAGAIN" | "CLUSTERDOWN"), _) if started.elapsed() + pause < budget => {
                     if e.code() == Some("CLUSTERDOWN") {
                         self.refresh_soon();
                     }

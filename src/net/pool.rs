@@ -422,12 +422,22 @@ impl Redis {
     /// whether enough replicas acknowledged.
     pub(crate) fn run_synced<T>(
         &self,
+        op: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
+    ) -> Result<(T, Synced)> {
+        self.run_synced_within(self.response_timeout, op)
+    }
+
+    /// [`run_synced`](Redis::run_synced) within `budget` (at most the
+    /// response timeout; the WAIT's timeout comes on top).
+    pub(crate) fn run_synced_within<T>(
+        &self,
+        budget: Duration,
         mut op: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
     ) -> Result<(T, Synced)> {
         let Some((wanted, timeout)) = self.wait_needed() else {
-            return self.run(op).map(|v| (v, Synced::NotNeeded));
+            return self.run_within(budget, op).map(|v| (v, Synced::NotNeeded));
         };
-        let (v, acked) = self.run_with(timeout, |c| {
+        let (v, acked) = self.run_with(timeout, budget, |c| {
             c.set_wait(Some((wanted, timeout)));
             let r = op(c);
             let acked = c.waited();
@@ -667,22 +677,36 @@ impl Redis {
         &self,
         op: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
     ) -> Result<T> {
-        self.run_with(Duration::ZERO, op)
+        self.run_within(self.response_timeout, op)
     }
 
-    /// [`run`](Redis::run) with `extra` time for Redis to answer (a WAIT's).
+    /// [`run`](Redis::run) within `budget` instead of a response timeout
+    /// (never more): a resend of the router's that gets what is left of
+    /// the caller's.
+    pub(crate) fn run_within<T>(
+        &self,
+        budget: Duration,
+        op: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
+    ) -> Result<T> {
+        self.run_with(Duration::ZERO, budget, op)
+    }
+
+    /// [`run`](Redis::run) within `budget`, with `extra` time for Redis to
+    /// answer (a WAIT's).
     fn run_with<T>(
         &self,
         extra: Duration,
+        budget: Duration,
         mut op: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
     ) -> Result<T> {
         let mut first_failure: Option<redis::RedisError> = None;
         let mut retries = 0;
         let started = Instant::now();
-        let deadline = started.checked_add(self.response_timeout);
+        let budget = budget.min(self.response_timeout);
+        let deadline = started.checked_add(budget);
         loop {
             let left = match (retries, deadline) {
-                (0, _) | (_, None) => self.response_timeout,
+                (0, _) | (_, None) => budget,
                 (_, Some(d)) => d.saturating_duration_since(Instant::now()),
             };
             if left.is_zero() {

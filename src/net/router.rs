@@ -149,10 +149,11 @@ impl Router {
         key: &str,
         mut op: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
     ) -> Result<T> {
-        self.ride_out(key, self.response_timeout, || match &self.topology {
-            Topology::Single(node) => node.redis.run(&mut op),
-            Topology::Cluster(c) => c.route(key, |node, asking| {
-                node.redis.run(|conn| asking_for(conn, asking, &mut op))
+        self.ride_out(key, self.response_timeout, |left| match &self.topology {
+            Topology::Single(node) => node.redis.run_within(left, &mut op),
+            Topology::Cluster(c) => c.route(key, left, |node, asking| {
+                node.redis
+                    .run_within(left, |conn| asking_for(conn, asking, &mut op))
             }),
         })
     }
@@ -178,11 +179,11 @@ impl Router {
         budget: Duration,
         mut op: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
     ) -> Result<(T, Synced)> {
-        self.ride_out(key, budget, || match &self.topology {
-            Topology::Single(node) => node.redis.run_synced(&mut op),
-            Topology::Cluster(c) => c.route(key, |node, asking| {
+        self.ride_out(key, budget, |left| match &self.topology {
+            Topology::Single(node) => node.redis.run_synced_within(left, &mut op),
+            Topology::Cluster(c) => c.route(key, left, |node, asking| {
                 node.redis
-                    .run_synced(|conn| asking_for(conn, asking, &mut op))
+                    .run_synced_within(left, |conn| asking_for(conn, asking, &mut op))
             }),
         })
     }
@@ -191,7 +192,8 @@ impl Router {
     /// failover looks and the request cannot be running still
     /// ([`Error::can_resend`]: it was not sent, Redis refused it without
     /// running it, or its connection is gone), for up to `budget` (a
-    /// response timeout, for a caller's request): between tries, a
+    /// response timeout, for a caller's request; each resend gets only what
+    /// is left of it): between tries, a
     /// Cluster's slot map is read again and a
     /// Sentinel group's master looked up again, after a pause growing from
     /// 50 ms to 500 ms (jittered). Only where the servers can move; a
@@ -203,16 +205,23 @@ impl Router {
         &self,
         key: &str,
         budget: Duration,
-        mut send: impl FnMut() -> Result<T>,
+        mut send: impl FnMut(Duration) -> Result<T>,
     ) -> Result<T> {
+        // The first try gets a whole response timeout, as any request.
+        let first_try = send(self.response_timeout);
         if !self.can_move() {
-            return send();
+            return first_try;
         }
         let deadline = Instant::now().checked_add(budget);
+        // A resend is made only with at least this much of the budget left
+        // after its pause (a shorter socket timeout would time out, and a
+        // timed-out request is settled, not resent).
+        let least = self.response_timeout / 4;
         let mut pause = Duration::from_millis(50);
         let mut first: Option<Error> = None;
+        let mut result = first_try;
         loop {
-            let e = match send() {
+            let e = match result {
                 Ok(v) => return Ok(v),
                 Err(e) => e,
             };
@@ -223,8 +232,10 @@ impl Router {
                 self.node_failed();
             }
             let wait = jitter(pause, 0.5);
-            let late = deadline.is_none_or(|d| Instant::now() + wait >= d);
-            if !resend || late {
+            let left = deadline.map_or(Duration::ZERO, |d| {
+                d.saturating_duration_since(Instant::now() + wait)
+            });
+            if !resend || left < least {
                 return Err(match first {
                     Some(f) if !e.maybe_applied() => f,
                     _ => e,
@@ -236,6 +247,9 @@ impl Router {
             }
             std::thread::sleep(wait);
             pause = (pause * 2).min(Duration::from_millis(500));
+            // What is left of the budget, and no more: the ride-out ends
+            // within it.
+            result = send(left);
         }
     }
 
