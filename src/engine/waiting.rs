@@ -163,16 +163,16 @@ pub(crate) fn through_failover<T>(
 
 /// A try that failed with `e`: if it was a re-check made only because the
 /// subscription is not confirmed (`recheck_until`, the bound of the last
-/// answered try, still ahead) and it failed on the connection (the outage
-/// that broke the link may have broken this too), the instant to wait on
-/// until; else `e`.
+/// answered try, still ahead) and it failed the way an outage or a
+/// failover looks (no connection, `LOADING`, ...: what broke the link may
+/// have broken this too), the instant to wait on until; else `e`.
 pub(crate) fn failed_recheck(
     e: Error,
     recheck_until: Option<Instant>,
     name: &str,
 ) -> Result<Instant> {
     match recheck_until.filter(|u| Instant::now() < *u) {
-        Some(until) if e.is_connection_error() => {
+        Some(until) if e.is_failover_symptom() => {
             log::debug!("redlease: {name:?}: a re-check failed ({e}); waiting on");
             Ok(until)
         }

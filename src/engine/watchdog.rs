@@ -414,9 +414,11 @@ impl Inner {
                 Ok(applied) => {
                     if let Some(node) = &node {
                         let prefix = format!("{node}: ");
+                        // This node answers again: its causes, and "no node",
+                        // may be warned about again.
                         self.settle_warned
                             .lock()
-                            .retain(|c| !c.starts_with(&prefix));
+                            .retain(|c| !c.starts_with(&prefix) && !c.starts_with("no node: "));
                     }
                     if let Some((h, why)) = u.ran(applied, hold.as_ref(), epoch, sent, n) {
                         self.lose(h, why);

@@ -410,12 +410,19 @@ impl Group {
             };
             // Sooner while a subscription is not confirmed.
             let at = subs.iter().flatten().fold(until, |at, s| s.bound(at));
-            let notified = notify.wait_until(at);
-            recheck_until = (!notified && Instant::now() < until).then_some(until);
+            notify.wait_until(at);
+            // Ended before its bound by no message (a re-check of an
+            // unconfirmed subscription, or a lost subscriber connection):
+            // the round that follows is a re-check.
+            let mut woken = false;
             for (i, m) in self.members.iter().enumerate() {
                 let moved = match &subs[i] {
                     Some(s) => match s.try_take()? {
                         Some(Wake::Moved(to)) => Some(to),
+                        Some(Wake::Woken) => {
+                            woken = true;
+                            None
+                        }
                         _ => None,
                     },
                     None => None,
@@ -430,6 +437,7 @@ impl Group {
                     subs[i] = Some(s);
                 }
             }
+            recheck_until = (!woken && Instant::now() < until).then_some(until);
         }
     }
 

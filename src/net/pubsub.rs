@@ -284,11 +284,12 @@ impl Latch {
     }
 
     /// The subscriber's connection was lost: its waiters take their wait's
-    /// bound again (their subscription is not confirmed any more). Waiters
-    /// of several locks (`watchers`) take it at their next wait.
+    /// bound again (their subscription is not confirmed any more), waiters
+    /// of several locks (`watchers`) too.
     fn recheck(&self) {
-        let _state = self.state.lock();
+        let mut state = self.state.lock();
         self.wake.notify_all();
+        state.tell_watchers();
     }
 
     fn moved(&self, to: Option<&str>) {
@@ -641,13 +642,19 @@ impl Subscription {
         // Waiting again means the retry after the last wake-up was answered.
         self.held.set(false);
         let mut state = self.latch.state.lock();
+        // Taken once: a wake (a lost connection) may bring the re-check
+        // forward, never push it back (a link that keeps dropping would
+        // otherwise postpone it again and again).
+        let mut at = self.bound(until);
         loop {
             if let Some(wake) = self.take(&mut state)? {
                 return Ok(wake);
             }
-            let at = self.bound(until);
             if self.latch.wake.wait_until(&mut state, at).timed_out() {
                 return Ok(self.take(&mut state)?.unwrap_or(Wake::TimedOut));
+            }
+            if at == until && !self.channel.confirmed.load(Ordering::Acquire) {
+                at = self.bound(until);
             }
         }
     }

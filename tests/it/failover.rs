@@ -472,3 +472,160 @@ fn a_latch_refuses_counts_lua_cannot_count() {
     assert_eq!(latch.count_down().unwrap(), (1 << 53) - 1);
     assert_eq!(latch.count().unwrap(), (1 << 53) - 1);
 }
+
+/// A subscriber link that keeps dropping (a middlebox that hangs up on
+/// every SUBSCRIBE): each lost connection wakes the waiters, and that must
+/// bring their re-check forward, never push it back, so a hand-off still
+/// takes at most about one response timeout (before the fix: 10-16 s, up
+/// to the holder's 20 s lease).
+#[test]
+fn a_waiter_re_checks_while_its_subscriber_link_keeps_dropping() {
+    let server = RedisServer::start();
+    let response = Duration::from_secs(1);
+    let holder = Client::open(server.url()).expect("holder");
+    let proxy = Proxy::start(server.addr());
+    proxy.add_rule(b"SUBSCRIBE", Fault::CutAfterRequest, usize::MAX);
+    let waiter_client = Client::builder(proxy.url())
+        .response_timeout(response)
+        .build()
+        .expect("waiter client behind the proxy");
+    let mut worst = Duration::ZERO;
+    for round in 0..3 {
+        let name = format!("flap:{round}");
+        let guard = holder
+            .lock(&name)
+            .lock_with_lease(Duration::from_secs(20))
+            .expect("holder takes it");
+        let (tx, rx) = mpsc::channel();
+        let lock = waiter_client.lock(&name);
+        thread::spawn(move || {
+            let r = lock
+                .try_lock_for(Duration::from_secs(25))
+                .map(|g| g.is_some());
+            tx.send((r, Instant::now())).unwrap();
+        });
+        // Long enough for the waiter's re-checks to reach their cap.
+        thread::sleep(response * 4);
+        let released = Instant::now();
+        guard.unlock().expect("release");
+        let (r, at) = rx.recv_timeout(WAIT).expect("the waiter returns");
+        assert!(matches!(r, Ok(true)), "the waiter got the lock: {r:?}");
+        let took = at - released;
+        println!(
+            "round {round}: hand-off {took:?} ({} subscriber reconnects so far)",
+            waiter_client.stats().subscriber_reconnects
+        );
+        worst = worst.max(took);
+    }
+    assert!(
+        worst < response * 3,
+        "hand-off with a subscriber link that keeps dropping: {worst:?}"
+    );
+}
+
+/// Pub/sub breaks after the waiters' subscriptions were confirmed (the
+/// subscriber's connection is cut, and the SUBSCRIBE of every new one is
+/// never answered): a lock waiter and a MultiLock waiter both re-check on
+/// their own (before the fix, the MultiLock waiter slept until the 30 s
+/// lease ran out).
+#[test]
+fn lock_and_multilock_waiters_re_check_after_pubsub_breaks() {
+    let server = RedisServer::start();
+    let response = Duration::from_secs(1);
+    let holder = Client::open(server.url()).expect("holder");
+    let mut results = Vec::new();
+    for multi in [false, true] {
+        let proxy = Proxy::start(server.addr());
+        let waiter_client = Client::builder(proxy.url())
+            .response_timeout(response)
+            .build()
+            .expect("waiter client behind the proxy");
+        let name = format!("broken-later:{multi}");
+        let other = format!("{name}:other");
+        let g1 = holder
+            .lock(&name)
+            .lock_with_lease(Duration::from_secs(30))
+            .expect("holder takes it");
+        let g2 = holder
+            .lock(&other)
+            .lock_with_lease(Duration::from_secs(30))
+            .expect("holder takes the other");
+        let (tx, rx) = mpsc::channel();
+        let (a, b) = (waiter_client.lock(&name), waiter_client.lock(&other));
+        thread::spawn(move || {
+            let r = if multi {
+                redlease::MultiLock::new(vec![a, b])
+                    .and_then(|m| m.try_lock_for(Duration::from_secs(28)))
+                    .map(|g| g.is_some())
+            } else {
+                a.try_lock_for(Duration::from_secs(28)).map(|g| g.is_some())
+            };
+            tx.send((r, Instant::now())).unwrap();
+        });
+        let channel = format!("redisson_lock__channel:{{{name}}}");
+        wait_until("the waiter to subscribe", WAIT, || {
+            server.subscribers(&channel) > 0
+        });
+        // Confirmed by now; then pub/sub breaks for good.
+        thread::sleep(Duration::from_millis(500));
+        proxy.add_rule(b"SUBSCRIBE", Fault::DropReply, usize::MAX);
+        for id in proxy.connections_that_sent(b"SUBSCRIBE") {
+            proxy.cut_connection(id);
+        }
+        thread::sleep(response * 3);
+        let released = Instant::now();
+        g1.unlock().expect("release");
+        g2.unlock().expect("release the other");
+        let (r, at) = rx.recv_timeout(WAIT).expect("the waiter returns");
+        println!("multi {multi}: {r:?}, hand-off {:?}", at - released);
+        results.push((multi, r, at - released));
+    }
+    for (multi, r, took) in results {
+        assert!(matches!(r, Ok(true)), "multi {multi}: {r:?}");
+        assert!(
+            took < response * 3,
+            "multi {multi}: hand-off {took:?} after pub/sub broke"
+        );
+    }
+}
+
+/// A call without a deadline rides out a failover for one response timeout
+/// and no more: a resend gets only what is left of it. Here the master's
+/// proxy refuses connections for half the budget, then accepts but never
+/// answers in time (before the fix: 3.4 s for a 2 s response timeout).
+#[test]
+fn riding_out_a_failover_stays_within_one_response_timeout() {
+    let cluster = Cluster::start_behind_proxies(3, 0, &[]);
+    let name = cluster.names_on_each_master("budget", 1)[0][0].clone();
+    let proxy = cluster.proxy_of(cluster.master_of_slot(cluster.slot_of(&name)));
+    let response = Duration::from_secs(2);
+    let client = Client::cluster_builder(cluster.seeds())
+        .response_timeout(response)
+        .build()
+        .expect("client");
+    assert!(!client.lock(&name).is_locked().unwrap());
+    proxy.set_reject(true);
+    proxy.cut();
+    let (tx, rx) = mpsc::channel();
+    let lock = client.lock(&name);
+    let started = Instant::now();
+    thread::spawn(move || {
+        let r = lock.is_locked();
+        tx.send((r, Instant::now())).unwrap();
+    });
+    thread::sleep(response / 2);
+    proxy.add_rule(
+        b"EXISTS",
+        Fault::DelayReply(Duration::from_secs(20)),
+        usize::MAX,
+    );
+    proxy.set_reject(false);
+    let (r, at) = rx.recv_timeout(WAIT).expect("the call returns");
+    let took = at - started;
+    println!("is_locked: {r:?} after {took:?} (response timeout {response:?})");
+    assert!(r.is_err(), "no answer came in time");
+    assert!(
+        took < response + Duration::from_millis(500),
+        "within one response timeout (and a little): {took:?}"
+    );
+}
