@@ -42,6 +42,15 @@
 //! often, the backoff applies). Then every channel that still has waiters is
 //! subscribed again, and once Redis has answered, all of them are woken to
 //! retry, because a release may have been missed meanwhile.
+//!
+//! Confirmation: a channel is confirmed once Redis acknowledged its SUBSCRIBE
+//! on the current connection, and no longer once that connection is lost.
+//! A waiter never counts on a message its channel may not get: while its
+//! subscription is not confirmed, its wait ends after a short re-check
+//! interval that doubles up to the response timeout
+//! ([`Subscription::bound`]), and a lost connection wakes every waiter to
+//! take that bound. On a confirmed subscription a waiter waits for the
+//! message (no polling on a healthy link).
 
 use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
@@ -64,13 +73,12 @@ const MIN_BACKOFF: Duration = Duration::from_millis(20);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// A lost proven connection is replaced at once at most this often.
 const FAST_RECONNECT_EVERY: Duration = Duration::from_secs(1);
-/// Bounds of the ping interval, which is the response timeout clamped to
-/// them: often enough to find a silent link within about two response
-/// timeouts, never more than 10 PINGs a second on an idle connection.
 /// The first re-check of a waiter whose subscription is not confirmed (see
 /// [`Subscription::bound`]); it doubles up to the response timeout.
 const UNCONFIRMED_RECHECK: Duration = Duration::from_millis(100);
-
+/// Bounds of the ping interval, which is the response timeout clamped to
+/// them: often enough to find a silent link within about two response
+/// timeouts, never more than 10 PINGs a second on an idle connection.
 const MIN_PING_INTERVAL: Duration = Duration::from_millis(100);
 const MAX_PING_INTERVAL: Duration = Duration::from_secs(1);
 /// The hint in the error of a SUBSCRIBE refused for lack of permissions.

@@ -193,9 +193,8 @@ impl Router {
     /// ([`Error::can_resend`]: it was not sent, Redis refused it without
     /// running it, or its connection is gone), for up to `budget` (a
     /// response timeout, for a caller's request; each resend gets only what
-    /// is left of it): between tries, a
-    /// Cluster's slot map is read again and a
-    /// Sentinel group's master looked up again, after a pause growing from
+    /// is left of it): between tries, a Cluster's slot map is read again and
+    /// a Sentinel group's master looked up again, after a pause growing from
     /// 50 ms to 500 ms (jittered). Only where the servers can move; a
     /// request that timed out is never sent again here (a late copy may
     /// still run: its caller settles it). If a try that may have run fails
@@ -207,12 +206,13 @@ impl Router {
         budget: Duration,
         mut send: impl FnMut(Duration) -> Result<T>,
     ) -> Result<T> {
-        // The first try gets a whole response timeout, as any request.
+        // The budget counts from the first try, which gets a whole response
+        // timeout, as any request.
+        let deadline = Instant::now().checked_add(budget);
         let first_try = send(self.response_timeout);
         if !self.can_move() {
             return first_try;
         }
-        let deadline = Instant::now().checked_add(budget);
         // A resend is made only with at least this much of the budget left
         // after its pause (a shorter socket timeout would time out, and a
         // timed-out request is settled, not resent).
