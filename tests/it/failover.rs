@@ -366,47 +366,59 @@ fn pubsub_broken(server: &RedisServer) -> Proxy {
 fn a_lock_waiter_does_not_count_on_a_subscription_it_cannot_confirm() {
     let server = RedisServer::start();
     let proxy = pubsub_broken(&server);
-    let response = Duration::from_secs(1);
+    let worst = worst_handoff(&server, &proxy, "unconfirmed");
+    println!("worst hand-off with pub/sub broken for good: {worst:?}");
+    assert!(
+        worst < RESPONSE * 3,
+        "a waiter re-checks within a few response timeouts ({worst:?})"
+    );
+}
+
+/// The response timeout of the waiters behind a proxy that breaks pub/sub.
+const RESPONSE: Duration = Duration::from_secs(1);
+
+/// The worst of 3 hand-offs from a holder on `server` to a waiter (response
+/// timeout [`RESPONSE`]) behind `proxy`, each released once the waiter has
+/// waited long enough for its re-checks to back off to their cap (holder's
+/// lease 20 s).
+fn worst_handoff(server: &RedisServer, proxy: &Proxy, prefix: &str) -> Duration {
     let holder = Client::open(server.url()).expect("holder");
     let waiter_client = Client::builder(proxy.url())
-        .response_timeout(response)
+        .response_timeout(RESPONSE)
         .build()
         .expect("waiter client behind the proxy");
     let mut worst = Duration::ZERO;
     for round in 0..3 {
-        let name = format!("unconfirmed:{round}");
+        let name = format!("{prefix}:{round}");
         let guard = holder
             .lock(&name)
-            .lock_with_lease(Duration::from_secs(30))
+            .lock_with_lease(Duration::from_secs(20))
             .expect("holder takes it");
         let (tx, rx) = mpsc::channel();
         let lock = waiter_client.lock(&name);
-        let t = thread::spawn(move || {
-            let g = lock.try_lock_for(Duration::from_secs(25));
-            tx.send(Instant::now()).unwrap();
-            g.map(|g| g.is_some())
+        thread::spawn(move || {
+            let r = lock
+                .try_lock_for(Duration::from_secs(25))
+                .map(|g| g.is_some());
+            tx.send((r, Instant::now())).unwrap();
         });
         let channel = format!("redisson_lock__channel:{{{name}}}");
         wait_until("the waiter's SUBSCRIBE to reach redis", WAIT, || {
             server.subscribers(&channel) > 0
         });
-        // Let its re-checks back off to their cap.
-        thread::sleep(response * 3);
+        thread::sleep(RESPONSE * 3);
         let released = Instant::now();
         guard.unlock().expect("release");
-        let took = rx.recv_timeout(WAIT).expect("the waiter returns") - released;
-        assert!(
-            matches!(t.join().unwrap(), Ok(true)),
-            "the waiter got the lock"
+        let (r, at) = rx.recv_timeout(WAIT).expect("the waiter returns");
+        assert!(matches!(r, Ok(true)), "the waiter got the lock: {r:?}");
+        let took = at - released;
+        println!(
+            "{prefix} round {round}: hand-off {took:?} ({} subscriber reconnects so far)",
+            waiter_client.stats().subscriber_reconnects
         );
-        println!("round {round}: hand-off with pub/sub broken {took:?}");
         worst = worst.max(took);
     }
-    println!("worst hand-off with pub/sub broken for good: {worst:?}");
-    assert!(
-        worst < response * 3,
-        "a waiter re-checks within a few response timeouts ({worst:?})"
-    );
+    worst
 }
 
 /// The same for a count-down latch: `wait()` (no deadline) and
@@ -481,44 +493,11 @@ fn a_latch_refuses_counts_lua_cannot_count() {
 #[test]
 fn a_waiter_re_checks_while_its_subscriber_link_keeps_dropping() {
     let server = RedisServer::start();
-    let response = Duration::from_secs(1);
-    let holder = Client::open(server.url()).expect("holder");
     let proxy = Proxy::start(server.addr());
     proxy.add_rule(b"SUBSCRIBE", Fault::CutAfterRequest, usize::MAX);
-    let waiter_client = Client::builder(proxy.url())
-        .response_timeout(response)
-        .build()
-        .expect("waiter client behind the proxy");
-    let mut worst = Duration::ZERO;
-    for round in 0..3 {
-        let name = format!("flap:{round}");
-        let guard = holder
-            .lock(&name)
-            .lock_with_lease(Duration::from_secs(20))
-            .expect("holder takes it");
-        let (tx, rx) = mpsc::channel();
-        let lock = waiter_client.lock(&name);
-        thread::spawn(move || {
-            let r = lock
-                .try_lock_for(Duration::from_secs(25))
-                .map(|g| g.is_some());
-            tx.send((r, Instant::now())).unwrap();
-        });
-        // Long enough for the waiter's re-checks to reach their cap.
-        thread::sleep(response * 4);
-        let released = Instant::now();
-        guard.unlock().expect("release");
-        let (r, at) = rx.recv_timeout(WAIT).expect("the waiter returns");
-        assert!(matches!(r, Ok(true)), "the waiter got the lock: {r:?}");
-        let took = at - released;
-        println!(
-            "round {round}: hand-off {took:?} ({} subscriber reconnects so far)",
-            waiter_client.stats().subscriber_reconnects
-        );
-        worst = worst.max(took);
-    }
+    let worst = worst_handoff(&server, &proxy, "flap");
     assert!(
-        worst < response * 3,
+        worst < RESPONSE * 3,
         "hand-off with a subscriber link that keeps dropping: {worst:?}"
     );
 }
