@@ -43,3 +43,22 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     }
     out
 }
+
+/// The client's counters read between two watchdog batches (a batch counts
+/// itself before its renewals and round trips): the same twice 20 ms apart.
+pub(crate) fn quiet_stats(c: &redlease::Client) -> redlease::ClientStats {
+    let mut quiet = None;
+    support::wait_until(
+        "the watchdog between batches",
+        std::time::Duration::from_secs(20),
+        || {
+            let a = c.stats();
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            let b = c.stats();
+            let same = a == b;
+            quiet = Some(b);
+            same
+        },
+    );
+    quiet.expect("stats were read")
+}

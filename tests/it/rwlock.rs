@@ -271,25 +271,11 @@ fn renewals_of_every_kind_share_one_round_trip() {
     let _f = c.fenced_lock("fenced").lock().expect("fenced");
     let _r = rw.read_lock().lock().expect("read");
     let _w = c.read_write_lock("rw2").write_lock().lock().expect("write");
-    // Counters read between batches (a batch counts itself before its
-    // renewals): the same twice 20 ms apart.
-    let quiet = || {
-        let mut quiet = None;
-        wait_until("the watchdog between batches", WAIT, || {
-            let a = c.stats();
-            thread::sleep(Duration::from_millis(20));
-            let b = c.stats();
-            let same = a == b;
-            quiet = Some(b);
-            same
-        });
-        quiet.expect("stats")
-    };
     // After the first renewal (which loads the script: one more round trip).
     wait_until("the first renewal", WAIT, || c.stats().renewals >= 4);
-    let before = quiet();
+    let before = crate::quiet_stats(&c);
     thread::sleep(Duration::from_millis(2000));
-    let after = quiet();
+    let after = crate::quiet_stats(&c);
     let batches = after.renewal_batches - before.renewal_batches;
     let trips = after.renewal_round_trips - before.renewal_round_trips;
     assert!(batches >= 3, "renewed ({batches} batches)");
