@@ -206,13 +206,13 @@ impl Router {
         budget: Duration,
         mut send: impl FnMut(Duration) -> Result<T>,
     ) -> Result<T> {
+        if !self.can_move() {
+            return send(self.response_timeout);
+        }
         // The budget counts from the first try, which gets a whole response
         // timeout, as any request.
         let deadline = Instant::now().checked_add(budget);
         let first_try = send(self.response_timeout);
-        if !self.can_move() {
-            return first_try;
-        }
         // A resend is made only with at least this much of the budget left
         // after its pause (a shorter socket timeout would time out, and a
         // timed-out request is settled, not resent).
