@@ -1,7 +1,8 @@
 //! The cost of keeping many locks alive (issue 3), beside a baseline measured
 //! in the same run.
 //!
-//! Redis runs on core 0, this process on core 1. For N = 1,000 and 10,000:
+//! Redis runs on core 0, this process on core 1. For N = 1,000, 10,000 and
+//! 100,000:
 //!
 //! * redlease: one thread takes N locks with `try_lock` on a client with a
 //!   3 s `watchdog_timeout` (renewed every 1 s) and then sleeps; over a 10 s
@@ -12,12 +13,18 @@
 //!   utime + stime beside it as a cross-check; only the watchdog works, the
 //!   holder and this thread sleep), the CPU of Redis, the thread count
 //!   (`/proc/self/task`) and the locks lost.
-//! * baseline: the same N leases renewed the way a watchdog without batching
+//! * limit: N hashes of the same shape whose leases a bare `PEXPIRE` Lua
+//!   loop extends once a second (1,000 keys per call, pipelined): what
+//!   extending a lease costs Redis at the least, measured in the same run.
+//!   Redis CPU per renewal is judged against it (goal <= 1.5 x), client CPU
+//!   per renewal against 0.2 us; the memory this process grew by per lock
+//!   taken is reported.
+//! * baseline (up to N = 10,000): the same N leases renewed the way a watchdog without batching
 //!   does (Redisson's renewal script, one EVALSHA and one round trip per lock
 //!   per renewal, on a raw connection), N renewals per second, same window.
 //!
 //! Plain `main` (`harness = false`): no statistics needed. Run with
-//! `cargo bench --bench watchdog` (about 45 s); the `SUMMARY:` lines are the
+//! `cargo bench --bench watchdog` (about 90 s); the `SUMMARY:` lines are the
 //! result. Without `--bench` (`cargo test --benches`) it runs a short smoke
 //! pass.
 
@@ -35,6 +42,14 @@ if (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then \
     return 1; \
 end; \
 return 0;";
+
+/// The limit: the same keys' leases extended by a bare `PEXPIRE` in a Lua
+/// loop, as many keys per call as the watchdog puts in one (no check of the
+/// owner: what extending a lease costs Redis at the least).
+const BARE_LOOP_LUA: &str = "\
+for _, key in ipairs(KEYS) do redis.call('pexpire', key, ARGV[1]) end \
+return 0";
+const BARE_CHUNK: usize = 1000;
 
 const LEASE: Duration = Duration::from_secs(3);
 const RENEW_EVERY: Duration = Duration::from_secs(1);
@@ -86,6 +101,8 @@ struct Figures {
     threads_before: usize,
     threads: usize,
     lost: u64,
+    /// Growth of this process's resident memory per lock taken (redlease).
+    mem_per_lock: Option<f64>,
 }
 
 impl Figures {
@@ -113,7 +130,22 @@ impl Figures {
             threads_before,
             threads,
             lost,
+            mem_per_lock: None,
         }
+    }
+
+    fn redis_us_per_renewal(&self) -> f64 {
+        if self.renewals == 0 {
+            return 0.0;
+        }
+        self.redis_cpu.as_secs_f64() * 1e6 / self.renewals as f64
+    }
+
+    fn client_us_per_renewal(&self) -> f64 {
+        if self.renewals == 0 {
+            return 0.0;
+        }
+        self.cpu.as_secs_f64() * 1e6 / self.renewals as f64
     }
 
     fn per_sec(&self, x: u64) -> f64 {
@@ -154,6 +186,7 @@ fn redlease_run(server: &RedisServer, n: usize, settle: Duration, window: Durati
         .watchdog_timeout(LEASE)
         .build()
         .expect("client");
+    let rss_before = support::rss_bytes();
     let (ready_tx, ready_rx) = mpsc::channel();
     let (release_tx, release_rx) = mpsc::channel::<()>();
     let holder = {
@@ -190,6 +223,7 @@ fn redlease_run(server: &RedisServer, n: usize, settle: Duration, window: Durati
         took.as_secs_f64(),
         settle.as_secs_f64()
     );
+    let mem_per_lock = (support::rss_bytes() as f64 - rss_before as f64) / n as f64;
     std::thread::sleep(settle);
     let s0 = client.stats();
     let a = Snapshot::take(server);
@@ -205,7 +239,7 @@ fn redlease_run(server: &RedisServer, n: usize, settle: Duration, window: Durati
     if guards_lost > 0 {
         println!("DIAG: N={n}: {guards_lost} guards reported is_lost() before release");
     }
-    Figures::new(
+    let mut f = Figures::new(
         n,
         "redlease watchdog (batched)",
         &a,
@@ -214,6 +248,81 @@ fn redlease_run(server: &RedisServer, n: usize, settle: Duration, window: Durati
             s1.renewals - s0.renewals,
             s1.renewal_round_trips - s0.renewal_round_trips,
             s1.locks_lost + guards_lost as u64,
+        ),
+        (threads_before, threads),
+    );
+    f.mem_per_lock = Some(mem_per_lock);
+    f
+}
+
+/// The limit: N lock hashes of redlease's shape whose leases a bare `PEXPIRE`
+/// loop extends once a second, [`BARE_CHUNK`] keys per script call, the calls
+/// of one second in one pipeline.
+fn bare_run(server: &RedisServer, n: usize, window: Duration) -> Figures {
+    let threads_before = settle_threads(1);
+    let mut conn = server.conn();
+    let sha = support::script_load(&mut conn, BARE_LOOP_LUA);
+    let field = "00000000-0000-0000-0000-000000000000:1";
+    let keys: Vec<String> = (0..n).map(|i| format!("bench:wd-bare:{n}:{i}")).collect();
+    let lease_ms = LEASE.as_millis() as u64;
+    for chunk in keys.chunks(1000) {
+        let mut pipe = redis::pipe();
+        for k in chunk {
+            pipe.cmd("HSET")
+                .arg(k)
+                .arg(field)
+                .arg(1)
+                .arg(format!("{field}:gen"))
+                .arg(12345)
+                .ignore();
+            pipe.cmd("PEXPIRE").arg(k).arg(lease_ms).ignore();
+        }
+        pipe.query::<()>(&mut conn)
+            .expect("set up the bare loop's locks");
+    }
+    let mut pipe = redis::pipe();
+    for chunk in keys.chunks(BARE_CHUNK) {
+        pipe.cmd("EVALSHA")
+            .arg(&sha)
+            .arg(chunk.len())
+            .arg(chunk)
+            .arg(lease_ms)
+            .ignore();
+    }
+    let ticks = (window.as_secs_f64() / RENEW_EVERY.as_secs_f64()).round() as u32;
+    let threads = support::thread_count();
+    let a = Snapshot::take(server);
+    let t0 = Instant::now();
+    for tick in 0..ticks {
+        let due = t0 + RENEW_EVERY * tick;
+        let now = Instant::now();
+        if now < due {
+            std::thread::sleep(due - now);
+        }
+        pipe.query::<()>(&mut conn).expect("bare PEXPIRE loop");
+    }
+    let end = t0 + RENEW_EVERY * ticks;
+    let now = Instant::now();
+    if now < end {
+        std::thread::sleep(end - now);
+    }
+    let b = Snapshot::take(server);
+    for chunk in keys.chunks(1000) {
+        let _: () = redis::cmd("DEL")
+            .arg(chunk)
+            .query(&mut conn)
+            .expect("clean up");
+    }
+    let renewals = n as u64 * u64::from(ticks);
+    Figures::new(
+        n,
+        "limit: bare PEXPIRE Lua loop",
+        &a,
+        &b,
+        (
+            renewals,
+            (n.div_ceil(BARE_CHUNK) as u64) * u64::from(ticks),
+            0,
         ),
         (threads_before, threads),
     )
@@ -302,7 +411,7 @@ fn main() {
     let server = support::start_server();
     let (sizes, settle, window): (&[usize], _, _) = if full {
         (
-            &[1_000, 10_000],
+            &[1_000, 10_000, 100_000],
             Duration::from_millis(1500),
             Duration::from_secs(10),
         )
@@ -312,7 +421,12 @@ fn main() {
     let mut results = Vec::new();
     for &n in sizes {
         results.push(redlease_run(&server, n, settle, window));
-        results.push(baseline_run(&server, n, window));
+        results.push(bare_run(&server, n, window));
+        // One round trip per lock per second is beyond one connection at
+        // 100,000 locks: the peer runs up to 10,000.
+        if n <= 10_000 {
+            results.push(baseline_run(&server, n, window));
+        }
     }
 
     let pass = |ok: bool| if ok { "PASS" } else { "MISS" };
@@ -378,6 +492,39 @@ fn main() {
         let ours = results
             .iter()
             .find(|f| f.n == *n && f.what.starts_with("redlease"));
+        let bare = results
+            .iter()
+            .find(|f| f.n == *n && f.what.starts_with("limit"));
+        if let (Some(o), Some(b)) = (ours, bare) {
+            let redis_ratio = o.redis_us_per_renewal() / b.redis_us_per_renewal();
+            let client_us = o.client_us_per_renewal();
+            println!(
+                "SUMMARY: N={n:<6} | redlease / bare PEXPIRE loop | redis CPU per renewal {:.2} us / {:.2} us = \
+                 ratio {redis_ratio:.2} (goal <= 1.5: {}) | client CPU per renewal {client_us:.3} us (goal <= 0.2: {}) \
+                 | client memory per held lock {:.0} bytes",
+                o.redis_us_per_renewal(),
+                b.redis_us_per_renewal(),
+                pass(redis_ratio <= 1.5),
+                pass(client_us <= 0.2),
+                o.mem_per_lock.unwrap_or(0.0),
+            );
+            if *n == 100_000 {
+                let (redis_pct, client_pct) = (o.cpu_pct(o.redis_cpu), o.cpu_pct(o.cpu));
+                println!(
+                    "SUMMARY: N={n:<6} | redlease at lease {LEASE:?}, renewal every {RENEW_EVERY:?} | redis CPU \
+                     {redis_pct:.1} % of a core (bare loop {:.1} %; goal <= 15: {}) | client CPU {client_pct:.2} % \
+                     (goal <= 2: {}) | lost {} (goal 0: {})",
+                    b.cpu_pct(b.redis_cpu),
+                    pass(redis_pct <= 15.0),
+                    pass(client_pct <= 2.0),
+                    o.lost,
+                    pass(o.lost == 0),
+                );
+            }
+        }
+        let ours = results
+            .iter()
+            .find(|f| f.n == *n && f.what.starts_with("redlease"));
         let base = results
             .iter()
             .find(|f| f.n == *n && f.what.starts_with("baseline"));
@@ -390,7 +537,8 @@ fn main() {
                 }
             };
             println!(
-                "SUMMARY: N={n:<6} | redlease / baseline | round trips {} | client CPU {} | redis CPU {} | redis cmds {}",
+                "SUMMARY: N={n:<6} | redlease / baseline | round trips {} | client CPU {} | redis CPU {} (goal at \
+                 10,000 <= 0.5) | redis cmds {}",
                 ratio(o.per_sec(o.round_trips), b.per_sec(b.round_trips)),
                 ratio(o.cpu.as_secs_f64(), b.cpu.as_secs_f64()),
                 ratio(o.redis_cpu.as_secs_f64(), b.redis_cpu.as_secs_f64()),

@@ -197,6 +197,18 @@ pub fn cpu_time() -> Duration {
     cpu_time_of(std::process::id())
 }
 
+/// Resident memory of this process in bytes (`VmRSS` of `/proc/self/status`).
+pub fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
 /// Threads of this process (`/proc/self/task`).
 pub fn thread_count() -> usize {
     std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count())

@@ -40,7 +40,7 @@ use crate::engine::hold::{Hold, RenewToken, Sched};
 use crate::engine::unsettled::Unsettled;
 use crate::net::pool::{fan_out, Job, Synced};
 use crate::net::router::{Group, Router};
-use crate::scripts;
+use crate::scripts::{self, Kind};
 use crate::time::{far_future, jitter};
 
 /// The shortest renewal interval the watchdog accepts. Renewing thousands of
@@ -574,19 +574,18 @@ impl Inner {
     fn renew_all(&self, batch: &[Renewal]) -> Vec<Option<Outcome>> {
         self.counters.batches.fetch_add(1, Ordering::Relaxed);
         let mut outcomes: Vec<Option<Outcome>> = batch.iter().map(|_| None).collect();
-        let gens: Vec<String> = batch
-            .iter()
-            .map(|r| r.token.gen.map(|g| g.to_string()).unwrap_or_default())
-            .collect();
-        let groups = self
+        let mut groups = self
             .router
             .group(batch.iter().map(|r| r.hold.name.as_str()), CHUNK);
+        for chunk in groups.iter_mut().flat_map(|g| g.chunks.iter_mut()) {
+            sort_chunk(batch, chunk);
+        }
         let jobs: Vec<Job<'_>> = groups
             .iter()
             .map(|g| {
                 let mut pipe = redis::pipe();
                 for chunk in &g.chunks {
-                    pipe.add_command(renew_command(batch, &gens, chunk, false));
+                    pipe.add_command(renew_command(batch, chunk, false, false));
                 }
                 Job {
                     redis: &g.node.redis,
@@ -632,7 +631,7 @@ impl Inner {
                 }
             };
             let mut replies = replies;
-            self.load_and_renew(group, batch, &gens, &mut replies);
+            self.load_and_renew(group, batch, &mut replies);
             for (chunk, reply) in group.chunks.iter().zip(replies) {
                 let reply = match reply {
                     redis::Value::ServerError(e)
@@ -645,7 +644,7 @@ impl Inner {
                             if retry_failed {
                                 break;
                             }
-                            match self.renew_again(batch, &gens, &[i]) {
+                            match self.renew_again(batch, &[i], false) {
                                 Some(v) => match parse_renewal(v, 1) {
                                     Ok(mut one) => outcomes[i] = one.pop(),
                                     Err(e) => log::warn!("redlease-watchdog: {e}; retrying"),
@@ -656,9 +655,15 @@ impl Inner {
                         continue;
                     }
                     redis::Value::ServerError(e)
-                        if scripts::not_run_there(e.code()) && !retry_failed =>
+                        if (scripts::not_run_there(e.code())
+                            || wrong_type(e.code(), e.details()))
+                            && !retry_failed =>
                     {
-                        match self.renew_again(batch, &gens, chunk) {
+                        // A key of the chunk is no longer a hash (someone
+                        // overwrote it): run again reading the owner fields
+                        // with pcall, so that it fails alone.
+                        let careful = wrong_type(e.code(), e.details());
+                        match self.renew_again(batch, chunk, careful) {
                             Some(v) => v,
                             None => {
                                 retry_failed = true;
@@ -693,13 +698,7 @@ impl Inner {
     /// node's cache (a restart, a new node) run again in one pipeline whose
     /// first call carries the script's source; their replies replace the
     /// NOSCRIPT errors.
-    fn load_and_renew(
-        &self,
-        group: &Group,
-        batch: &[Renewal],
-        gens: &[String],
-        replies: &mut [redis::Value],
-    ) {
+    fn load_and_renew(&self, group: &Group, batch: &[Renewal], replies: &mut [redis::Value]) {
         let missing: Vec<usize> = replies
             .iter()
             .enumerate()
@@ -711,7 +710,7 @@ impl Inner {
         }
         let mut pipe = redis::pipe();
         for (k, &i) in missing.iter().enumerate() {
-            pipe.add_command(renew_command(batch, gens, &group.chunks[i], k == 0));
+            pipe.add_command(renew_command(batch, &group.chunks[i], k == 0, false));
         }
         let packed = pipe.get_packed_pipeline();
         self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
@@ -733,24 +732,28 @@ impl Inner {
         }
     }
 
-    /// One chunk of renewals run again on its own, through the router.
+    /// One chunk of renewals run again on its own, through the router
+    /// (`careful`: reading the owner fields with pcall).
     fn renew_again(
         &self,
         batch: &[Renewal],
-        gens: &[String],
         chunk: &[usize],
+        careful: bool,
     ) -> Option<redis::Value> {
         let key = &batch[*chunk.first()?].hold.name;
         self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
-        let result =
-            self.router.run_synced_within(key, Duration::ZERO, |conn| {
-                match renew_command(batch, gens, chunk, false).query(conn) {
-                    Err(e) if scripts::is_noscript(&e) => {
-                        renew_command(batch, gens, chunk, true).query(conn)
-                    }
-                    other => other,
+        let result = self.router.run_synced_within(key, Duration::ZERO, |conn| {
+            let mut run = |careful| match renew_command(batch, chunk, false, careful).query(conn) {
+                Err(e) if scripts::is_noscript(&e) => {
+                    renew_command(batch, chunk, true, careful).query(conn)
                 }
-            });
+                other => other,
+            };
+            match run(careful) {
+                Err(e) if !careful && wrong_type(e.code().unwrap_or(""), e.detail()) => run(true),
+                other => other,
+            }
+        });
         match result {
             Ok((v, Synced::Yes | Synced::NotNeeded)) => Some(v),
             Ok((_, Synced::No { .. })) => None,
@@ -784,25 +787,161 @@ fn cause(e: &crate::error::Error) -> &'static str {
     }
 }
 
-/// The renewal script call for the locks at `chunk` (indices into `batch`).
-fn renew_command(batch: &[Renewal], gens: &[String], chunk: &[usize], eval: bool) -> redis::Cmd {
+/// A renewal script call failed because a key of it is not a hash (Redis
+/// 7 passes the command's error on; older servers wrap it in `ERR`).
+fn wrong_type(code: &str, details: Option<&str>) -> bool {
+    code == "WRONGTYPE" || details.is_some_and(|d| d.contains("WRONGTYPE"))
+}
+
+/// The owner prefix of an owner field (`<client-uuid>:`), and the rest.
+fn split_owner(field: &str) -> (&str, &str) {
+    field.split_at(field.find(':').map_or(0, |i| i + 1))
+}
+
+/// Whether two renewals can share a section of the renewal script: same
+/// lease, same script mode, same owner prefix.
+fn same_terms(a: &Renewal, b: &Renewal) -> bool {
+    a.lease_ms == b.lease_ms
+        && (a.hold.kind == Kind::Read) == (b.hold.kind == Kind::Read)
+        && split_owner(&a.hold.field).0 == split_owner(&b.hold.field).0
+}
+
+/// Orders a chunk so that renewals sharing a section of the renewal script
+/// are next to each other (read holds last, then by lease and owner field):
+/// a batch of one owner's locks is one section with one argument per lock.
+/// The schedule hands them over mostly in that order already, and the sort
+/// keeps the runs it finds.
+fn sort_chunk(batch: &[Renewal], chunk: &mut [usize]) {
+    chunk.sort_by(|&x, &y| {
+        let (a, b) = (&batch[x], &batch[y]);
+        (a.hold.kind == Kind::Read, a.lease_ms, a.hold.field.as_str()).cmp(&(
+            b.hold.kind == Kind::Read,
+            b.lease_ms,
+            b.hold.field.as_str(),
+        ))
+    });
+}
+
+/// One section of a renewal script call: `chunk[start..end]`, in `mode`
+/// (see renew.lua).
+struct Section {
+    start: usize,
+    end: usize,
+    mode: &'static str,
+}
+
+/// The sections of `chunk`, in its order: a read hold's section (`r`), a run
+/// of locks of one owner field (`f`: the field once, a generation per lock),
+/// or locks of one owner prefix that each have their own field (`e`).
+fn sections(batch: &[Renewal], chunk: &[usize]) -> Vec<Section> {
+    let mut out = Vec::new();
+    let mut s = 0;
+    while s < chunk.len() {
+        let first = &batch[chunk[s]];
+        let mut e = s + 1;
+        while e < chunk.len() && same_terms(first, &batch[chunk[e]]) {
+            e += 1;
+        }
+        if first.hold.kind == Kind::Read {
+            out.push(Section {
+                start: s,
+                end: e,
+                mode: "r",
+            });
+            s = e;
+            continue;
+        }
+        let mut singles: Option<usize> = None;
+        let mut r = s;
+        while r < e {
+            let field = &batch[chunk[r]].hold.field;
+            let mut q = r + 1;
+            while q < e && batch[chunk[q]].hold.field == *field {
+                q += 1;
+            }
+            if q - r >= 2 {
+                if let Some(from) = singles.take() {
+                    out.push(Section {
+                        start: from,
+                        end: r,
+                        mode: "e",
+                    });
+                }
+                out.push(Section {
+                    start: r,
+                    end: q,
+                    mode: "f",
+                });
+            } else {
+                singles.get_or_insert(r);
+            }
+            r = q;
+        }
+        if let Some(from) = singles {
+            out.push(Section {
+                start: from,
+                end: e,
+                mode: "e",
+            });
+        }
+        s = e;
+    }
+    out
+}
+
+/// A renewal's generation as the kind's scripts write it (`g<id>` for the
+/// read-write lock, see rw_lib.lua); empty when unknown (matches nothing).
+struct GenArg(Kind, Option<u64>);
+
+impl redis::ToRedisArgs for GenArg {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        match *self {
+            GenArg(_, None) => out.write_arg(b""),
+            GenArg(kind, Some(gen)) if kind.is_rw() => out.write_arg_fmt(format_args!("g{gen}")),
+            GenArg(_, Some(gen)) => out.write_arg_fmt(gen),
+        }
+    }
+}
+
+/// The renewal script call for the locks at `chunk` (indices into `batch`);
+/// `careful` reads the owner fields with pcall (a key of the chunk is not a
+/// hash).
+fn renew_command(batch: &[Renewal], chunk: &[usize], eval: bool, careful: bool) -> redis::Cmd {
+    let sections = sections(batch, chunk);
     let size = chunk
         .iter()
         .map(|&i| {
             let h = &batch[i].hold;
-            h.name.len() + h.field.len() + h.prefix.len() + 52
+            h.name.len() + h.prefix.len() + 40
         })
-        .sum();
+        .sum::<usize>()
+        + sections.len() * 64;
     let fill = |cmd: &mut redis::Cmd| {
         for &i in chunk {
             cmd.arg(&batch[i].hold.name);
         }
-        for &i in chunk {
-            let r = &batch[i];
-            cmd.arg(&r.hold.field)
-                .arg(&gens[i])
-                .arg(r.lease_ms)
-                .arg(&r.hold.prefix);
+        cmd.arg(if careful { "1" } else { "0" });
+        for sec in &sections {
+            let first = &batch[chunk[sec.start]];
+            let (prefix, _) = split_owner(&first.hold.field);
+            cmd.arg(first.lease_ms)
+                .arg(sec.end - sec.start)
+                .arg(sec.mode)
+                .arg(if sec.mode == "f" {
+                    first.hold.field.as_str()
+                } else {
+                    prefix
+                });
+            for &i in &chunk[sec.start..sec.end] {
+                let r = &batch[i];
+                if sec.mode != "f" {
+                    cmd.arg(split_owner(&r.hold.field).1);
+                }
+                cmd.arg(GenArg(r.hold.kind, r.token.gen));
+                if sec.mode == "r" {
+                    cmd.arg(&r.hold.prefix);
+                }
+            }
         }
     };
     if eval {

@@ -1,60 +1,122 @@
 -- Renew many leases in one call (the watchdog's batch), of every kind.
--- KEYS[i] lock hash; ARGV[4i-3] owner field, ARGV[4i-2] generation the owner
--- last wrote (see acquire.lua; empty if unknown), ARGV[4i-1] lease in ms,
--- ARGV[4i] a read hold's key prefix (see rw_lib.lua), else ''.
--- A renewal never shortens a lease (a re-entry may have set a longer one).
--- A lease is extended only while the owner's field still exists and carries
--- that generation: a lock that was released, expired or taken over is never
--- brought back, and a renewal taken for an earlier state of a hold (sent
--- before a re-entry, a partial release, or a release and a new acquisition by
--- the same owner) cannot extend the lease that state set. A read hold renews
--- its own hold keys (never other readers', so a dead reader's hold ends),
--- is gone once one of them has expired, and never shortens the hash's lease
--- (other readers may need longer). A key
--- that is no longer a hash (overwritten by someone else) counts as gone for
--- that lock alone: pcall keeps its error from failing the other locks'
--- renewals.
+-- ARGV[1] '1' to read the owner fields with pcall (the batch run again after
+--         one of its keys turned out not to be a hash), else '0'
+-- ARGV[2..] sections, one after another, each:
+--   lease in ms, n (locks in it), mode, owner:
+--   mode 'f' (one field): owner = the owner field of all n locks;
+--            per lock: the generation the owner last wrote
+--   mode 'e' (each its own field): owner = the owner prefix '<client-uuid>:';
+--            per lock: the rest of its owner field, its generation
+--   mode 'r' (read holds): as 'e', then per lock the hold keys' prefix (see
+--            rw_lib.lua)
+-- KEYS: the locks, in the order of the sections.
+-- A generation is compared as written ('g<id>' for the read-write lock).
+-- A renewal never shortens a lease (PEXPIRE GT; on a server older than 7.0,
+-- which refuses GT, PTTL first). A lease is extended only while the owner's
+-- generation field (<owner>:gen, written and removed with the owner field)
+-- carries that generation: a lock that was released, expired or taken over
+-- is never brought back, and a renewal taken for an earlier state of a hold
+-- (sent before a re-entry, a partial release, or a release and a new
+-- acquisition by the same owner) cannot extend the lease that state set. A
+-- read hold renews its own hold keys (never other readers', so a dead
+-- reader's hold ends), is gone once one of them has expired, and never
+-- shortens the hash's lease (other readers may need longer). A key that is
+-- no longer a hash (overwritten by someone else) fails the call with
+-- WRONGTYPE: the caller runs the batch again with ARGV[1] = '1', where it
+-- counts as gone for that lock alone.
 -- Returns a flat array of pairs for the locks not renewed, usually empty:
 -- (1-based position, 0) when the lock is gone (the holder has lost it), or
 -- (position, "<generation found>") when the generation differs (stale).
+local read = redis.call
+if ARGV[1] == '1' then
+    read = redis.pcall
+end
+-- Whether PEXPIRE takes GT here: unknown until the first lock is extended.
+local gt
+local function extend_slow(key, lease)
+    if gt == nil then
+        gt = type(redis.pcall('pexpire', key, lease, 'gt')) == 'number'
+        if gt then
+            return
+        end
+    end
+    redis.call('pexpire', key, math.max(redis.call('pttl', key), tonumber(lease)))
+end
 local out = {}
-for i, key in ipairs(KEYS) do
-    local field = ARGV[4 * i - 3]
-    local v = redis.pcall('hmget', key, field, field .. ':gen')
-    if type(v) ~= 'table' or v.err or not v[1] then
-        out[#out + 1] = i
-        out[#out + 1] = 0
+local a = 2
+local i = 0
+while a <= #ARGV do
+    local lease, n, mode, owner = ARGV[a], tonumber(ARGV[a + 1]), ARGV[a + 2], ARGV[a + 3]
+    a = a + 4
+    if mode == 'f' then
+        local field = owner .. ':gen'
+        for _ = 1, n do
+            i = i + 1
+            local key = KEYS[i]
+            local gen = read('hget', key, field)
+            if gen == ARGV[a] then
+                if gt then
+                    redis.call('pexpire', key, lease, 'gt')
+                else
+                    extend_slow(key, lease)
+                end
+            else
+                out[#out + 1] = i
+                out[#out + 1] = type(gen) == 'string' and gen or 0
+            end
+            a = a + 1
+        end
+    elseif mode == 'e' then
+        for _ = 1, n do
+            i = i + 1
+            local key = KEYS[i]
+            local gen = read('hget', key, owner .. ARGV[a] .. ':gen')
+            if gen == ARGV[a + 1] then
+                if gt then
+                    redis.call('pexpire', key, lease, 'gt')
+                else
+                    extend_slow(key, lease)
+                end
+            else
+                out[#out + 1] = i
+                out[#out + 1] = type(gen) == 'string' and gen or 0
+            end
+            a = a + 2
+        end
     else
-        local gen = v[2] or ''
-        local want = ARGV[4 * i - 2]
-        if gen == want or gen == 'g' .. want then
-            local prefix = ARGV[4 * i]
-            local lease = tonumber(ARGV[4 * i - 1])
-            if prefix == '' then
-                redis.call('pexpire', key, math.max(redis.call('pttl', key), lease))
+        for _ = 1, n do
+            i = i + 1
+            local key = KEYS[i]
+            local field = owner .. ARGV[a]
+            local v = read('hmget', key, field, field .. ':gen')
+            if type(v) ~= 'table' or v.err or not v[2] then
+                out[#out + 1] = i
+                out[#out + 1] = 0
+            elseif v[2] ~= ARGV[a + 1] then
+                out[#out + 1] = i
+                out[#out + 1] = v[2]
             else
                 -- A read hold whose key has expired has lost its lease
                 -- (Redisson's readers count it dead): gone.
+                local ms = tonumber(lease)
                 local alive = true
                 for k = 1, tonumber(v[1]) or 0 do
-                    local hold = prefix .. ':' .. k
+                    local hold = ARGV[a + 2] .. ':' .. k
                     local ttl = redis.call('pttl', hold)
                     if ttl == -2 then
                         alive = false
                     else
-                        redis.call('pexpire', hold, math.max(ttl, lease))
+                        redis.call('pexpire', hold, math.max(ttl, ms))
                     end
                 end
                 if alive then
-                    redis.call('pexpire', key, math.max(redis.call('pttl', key), lease))
+                    redis.call('pexpire', key, math.max(redis.call('pttl', key), ms))
                 else
                     out[#out + 1] = i
                     out[#out + 1] = 0
                 end
             end
-        else
-            out[#out + 1] = i
-            out[#out + 1] = gen
+            a = a + 3
         end
     end
 end

@@ -24,6 +24,7 @@ mod latch;
 mod lock;
 mod redisson_interop;
 mod redlock;
+mod renewal;
 mod replica_sync;
 mod rwlock;
 mod semaphore;

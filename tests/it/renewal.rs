@@ -1,0 +1,273 @@
+//! The renewal script (`renew.lua`) run raw, section by section, on the
+//! server's own `PEXPIRE ... GT` and on the path for servers older than 7.0
+//! (which refuse `GT`: simulated by a script whose option Redis refuses), and
+//! through the client: a key overwritten by someone else costs only its own
+//! lock.
+
+use std::time::Duration;
+
+use crate::support::{wait_until, RedisServer};
+
+const RENEW_LUA: &str = include_str!("../../src/scripts/renew.lua");
+const OWNER: &str = "6f1c2c1e-3b1a-4a51-9a4e-1f2e3d4c5b6a:";
+
+/// A lock hash held by `<OWNER><tid>` with generation `gen`, PTTL `ttl_ms`.
+fn held(conn: &mut redis::Connection, key: &str, tid: &str, gen: &str, ttl_ms: u64) {
+    let field = format!("{OWNER}{tid}");
+    let _: () = redis::cmd("HSET")
+        .arg(key)
+        .arg(&field)
+        .arg(1)
+        .arg(format!("{field}:gen"))
+        .arg(gen)
+        .query(conn)
+        .unwrap();
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(key)
+        .arg(ttl_ms)
+        .query(conn)
+        .unwrap();
+}
+
+fn pttl(conn: &mut redis::Connection, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query(conn).unwrap()
+}
+
+/// Runs `script` on `keys` with `args`; the reply's pairs.
+fn run(
+    conn: &mut redis::Connection,
+    script: &str,
+    keys: &[&str],
+    args: &[&str],
+) -> redis::RedisResult<Vec<redis::Value>> {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(script).arg(keys.len()).arg(keys).arg(args);
+    cmd.query(conn)
+}
+
+/// The (position, code) pairs of a reply, codes as text ("0" for gone).
+fn pairs(reply: Vec<redis::Value>) -> Vec<(i64, String)> {
+    reply
+        .chunks(2)
+        .map(|p| match p {
+            [redis::Value::Int(i), redis::Value::Int(c)] => (*i, c.to_string()),
+            [redis::Value::Int(i), redis::Value::BulkString(g)] => {
+                (*i, String::from_utf8_lossy(g).into_owned())
+            }
+            other => panic!("unexpected reply pair {other:?}"),
+        })
+        .collect()
+}
+
+/// The same checks on the script as shipped and on one whose `GT` Redis
+/// refuses (as a server older than 7.0 does).
+fn both_paths(mut check: impl FnMut(&str)) {
+    check(RENEW_LUA);
+    let old_server = RENEW_LUA.replace("'gt'", "'not-an-option'");
+    assert_ne!(old_server, RENEW_LUA, "renew.lua no longer asks for GT");
+    check(&old_server);
+}
+
+#[test]
+fn sections_renew_matching_generations_and_report_the_rest_by_position() {
+    let srv = RedisServer::start();
+    let mut conn = srv.conn();
+    both_paths(|script| {
+        // Section 'f' (one field, tid 1): k1 ok, k2 stale, k3 gone.
+        held(&mut conn, "k1", "1", "10", 1_000);
+        held(&mut conn, "k2", "1", "99", 1_000);
+        let _: () = redis::cmd("DEL").arg("k3").query(&mut conn).unwrap();
+        // Section 'e' (own fields): k4 (tid 2) ok, k5 (tid 3) held by
+        // someone else (no field of this owner), k6 (tid 4) ok but with a
+        // longer lease than the renewal's: never shortened.
+        held(&mut conn, "k4", "2", "11", 1_000);
+        let _: () = redis::cmd("DEL").arg("k5").query(&mut conn).unwrap();
+        let _: () = redis::cmd("HSET")
+            .arg("k5")
+            .arg("other-client:7")
+            .arg(1)
+            .query(&mut conn)
+            .unwrap();
+        let _: () = redis::cmd("PEXPIRE")
+            .arg("k5")
+            .arg(1_000)
+            .query(&mut conn)
+            .unwrap();
+        held(&mut conn, "k6", "4", "12", 100_000);
+        let owner1 = format!("{OWNER}1");
+        let reply = run(
+            &mut conn,
+            script,
+            &["k1", "k2", "k3", "k4", "k5", "k6"],
+            &[
+                "0", "20000", "3", "f", &owner1, "10", "10", "10", "20000", "3", "e", OWNER, "2",
+                "11", "3", "11", "4", "12",
+            ],
+        )
+        .expect("renewal script");
+        assert_eq!(
+            pairs(reply),
+            vec![
+                (2, "99".to_owned()),
+                (3, "0".to_owned()),
+                (5, "0".to_owned())
+            ],
+            "renewal outcomes by position"
+        );
+        assert!(pttl(&mut conn, "k1") > 10_000, "k1 renewed");
+        assert!(pttl(&mut conn, "k4") > 10_000, "k4 renewed");
+        assert!(
+            pttl(&mut conn, "k2") <= 1_000,
+            "a stale renewal extended k2"
+        );
+        assert!(
+            pttl(&mut conn, "k5") <= 1_000,
+            "another owner's lock was extended"
+        );
+        assert_eq!(pttl(&mut conn, "k3"), -2, "a gone lock was brought back");
+        assert!(
+            pttl(&mut conn, "k6") > 50_000,
+            "a renewal shortened a longer lease"
+        );
+    });
+}
+
+#[test]
+fn a_key_that_is_not_a_hash_fails_the_call_and_alone_when_careful() {
+    let srv = RedisServer::start();
+    let mut conn = srv.conn();
+    both_paths(|script| {
+        held(&mut conn, "h1", "1", "5", 1_000);
+        let _: () = redis::cmd("SET")
+            .arg("h2")
+            .arg("a string now")
+            .arg("PX")
+            .arg(1_000)
+            .query(&mut conn)
+            .unwrap();
+        held(&mut conn, "h3", "1", "5", 1_000);
+        let owner = format!("{OWNER}1");
+        let args = |careful: &'static str| {
+            vec![
+                careful.to_owned(),
+                "20000".into(),
+                "3".into(),
+                "f".into(),
+                owner.clone(),
+                "5".into(),
+                "5".into(),
+                "5".into(),
+            ]
+        };
+        let fast: Vec<String> = args("0");
+        let fast: Vec<&str> = fast.iter().map(String::as_str).collect();
+        let err = run(&mut conn, script, &["h1", "h2", "h3"], &fast)
+            .expect_err("a key of the wrong type fails the fast call");
+        assert!(
+            err.code() == Some("WRONGTYPE") || err.to_string().contains("WRONGTYPE"),
+            "the error says WRONGTYPE: {err}"
+        );
+        let careful: Vec<String> = args("1");
+        let careful: Vec<&str> = careful.iter().map(String::as_str).collect();
+        let reply = run(&mut conn, script, &["h1", "h2", "h3"], &careful).expect("careful call");
+        assert_eq!(pairs(reply), vec![(2, "0".to_owned())]);
+        assert!(pttl(&mut conn, "h3") > 10_000, "h3 renewed");
+        assert!(pttl(&mut conn, "h2") <= 1_000, "the string was extended");
+    });
+}
+
+#[test]
+fn read_holds_renew_their_hold_keys_and_are_gone_when_one_expired() {
+    let srv = RedisServer::start();
+    let mut conn = srv.conn();
+    both_paths(|script| {
+        let field = format!("{OWNER}1");
+        let prefix = format!("{{rw}}:{field}:rwlock_timeout");
+        let _: () = redis::cmd("DEL").arg("rw").query(&mut conn).unwrap();
+        let _: () = redis::cmd("HSET")
+            .arg("rw")
+            .arg("mode")
+            .arg("read")
+            .arg(&field)
+            .arg(2)
+            .arg(format!("{field}:gen"))
+            .arg("g7")
+            .query(&mut conn)
+            .unwrap();
+        let _: () = redis::cmd("PEXPIRE")
+            .arg("rw")
+            .arg(1_000)
+            .query(&mut conn)
+            .unwrap();
+        for k in 1..=2 {
+            let _: () = redis::cmd("SET")
+                .arg(format!("{prefix}:{k}"))
+                .arg(1)
+                .arg("PX")
+                .arg(1_000)
+                .query(&mut conn)
+                .unwrap();
+        }
+        let reply = run(
+            &mut conn,
+            script,
+            &["rw"],
+            &["0", "20000", "1", "r", OWNER, "1", "g7", &prefix],
+        )
+        .expect("renewal script");
+        assert!(pairs(reply).is_empty(), "the read hold was renewed");
+        assert!(pttl(&mut conn, "rw") > 10_000);
+        assert!(pttl(&mut conn, &format!("{prefix}:2")) > 10_000);
+        // One hold key gone: the read hold is lost.
+        let _: () = redis::cmd("DEL")
+            .arg(format!("{prefix}:2"))
+            .query(&mut conn)
+            .unwrap();
+        let reply = run(
+            &mut conn,
+            script,
+            &["rw"],
+            &["0", "20000", "1", "r", OWNER, "1", "g7", &prefix],
+        )
+        .expect("renewal script");
+        assert_eq!(pairs(reply), vec![(1, "0".to_owned())]);
+    });
+}
+
+#[test]
+fn an_overwritten_key_loses_only_its_own_lock() {
+    let srv = RedisServer::start();
+    let client = redlease::Client::builder(srv.url())
+        .watchdog_timeout(Duration::from_millis(900))
+        .build()
+        .unwrap();
+    let names = ["ow:a", "ow:b", "ow:c"];
+    let guards: Vec<_> = names
+        .iter()
+        .map(|n| client.lock(*n).lock().expect("lock"))
+        .collect();
+    // Someone else overwrites the middle lock's key with a string.
+    let _: () = redis::cmd("SET")
+        .arg("ow:b")
+        .arg("not a lock")
+        .query(&mut srv.conn())
+        .unwrap();
+    wait_until(
+        "the watchdog to report the overwritten lock lost",
+        Duration::from_secs(10),
+        || guards[1].is_lost(),
+    );
+    let renewed = client.stats().renewals;
+    wait_until(
+        "two more renewals of the other locks",
+        Duration::from_secs(10),
+        || client.stats().renewals >= renewed + 2,
+    );
+    for i in [0, 2] {
+        assert!(!guards[i].is_lost(), "{} was reported lost", names[i]);
+        guards[i]
+            .ensure_held()
+            .unwrap_or_else(|e| panic!("{} is no longer held: {e}", names[i]));
+    }
+    assert_eq!(client.stats().locks_lost, 1);
+}
