@@ -51,8 +51,8 @@ pub(crate) struct RenewToken {
 pub(crate) enum Sched {
     /// Not scheduled.
     Idle,
-    /// In the schedule under this key.
-    Queued((Instant, u64)),
+    /// In the schedule: in the bucket of this due tick, at this index.
+    Queued((u64, usize)),
     /// Taken for a renewal that is under way; the renewal schedules it again
     /// if it is still watched, with these terms if `watch` gave new ones.
     InFlight(Option<(Duration, u64)>),
@@ -60,32 +60,42 @@ pub(crate) enum Sched {
 
 /// What one owner (this thread of this client) holds of one lock: the
 /// re-entries share it, and so does the watchdog's entry for it.
+///
+/// `repr(C)`, with what the watchdog reads on every renewal first: those
+/// fields share the cache lines of the `Arc`'s counts, so renewing many
+/// locks touches two lines per lock rather than one per field.
+#[repr(C)]
 pub(crate) struct Hold {
-    pub(crate) client_id: u64,
-    pub(crate) name: String,
-    /// The release channel (`scripts::channel_name`).
-    pub(crate) channel: String,
-    pub(crate) field: String,
+    pub(crate) sched: Mutex<Sched>,
+    lease: Mutex<LeaseState>,
+    lost: AtomicBool,
+    released: AtomicBool,
     pub(crate) kind: Kind,
+    /// Of the guards, those taken without a lease (renewed by the watchdog).
+    watched: AtomicU32,
+    /// The owner field's thread (or acquisition) id and `:write` suffix,
+    /// when the field is `<client-uuid>:<id>[:write]` (always, for fields
+    /// this client makes): the watchdog groups renewals by it without
+    /// reading the field.
+    pub(crate) owner: Option<(u64, bool)>,
+    pub(crate) name: String,
+    pub(crate) field: String,
     /// A read hold's key prefix (`LockRef::hold_prefix`), else empty.
     pub(crate) prefix: String,
+    pub(crate) client_id: u64,
+    /// The release channel (`scripts::channel_name`).
+    pub(crate) channel: String,
     /// Its key among this thread's holds ([`slot_key`]).
     slot: String,
     /// Guards alive for this owner; changed only by the owning thread.
     count: AtomicU32,
-    /// Of those, the guards taken without a lease (renewed by the watchdog).
-    watched: AtomicU32,
     /// The watchdog's lease, while watched guards remain.
     watch_lease_ms: AtomicU64,
     /// The lease of the latest acquisition with an explicit lease: what bounds
     /// the hold again once no watched guard remains.
     explicit_lease_ms: AtomicU64,
-    lease: Mutex<LeaseState>,
-    lost: AtomicBool,
-    released: AtomicBool,
     /// A release was sent for this hold after it was found lost.
     lost_release_sent: AtomicBool,
-    pub(crate) sched: Mutex<Sched>,
     /// Told once when the hold is reported lost (a RedLock or MultiLock
     /// guard counting its members).
     lost_listeners: Mutex<Vec<Weak<dyn LostListener>>>,
@@ -111,6 +121,7 @@ impl Hold {
             name: lock.name.to_owned(),
             channel: lock.channel.to_owned(),
             field: lock.field.to_owned(),
+            owner: owner_key(lock.field),
             kind: lock.kind,
             prefix: lock.hold_prefix(),
             slot: slot_key(lock.name, lock.kind),
@@ -336,6 +347,28 @@ impl Hold {
     }
 }
 
+/// The id and `:write` suffix of an owner field `<client-uuid>:<id>` or
+/// `<client-uuid>:<id>:write`; `None` for any other shape.
+fn owner_key(field: &str) -> Option<(u64, bool)> {
+    let (_, rest) = field.split_once(':')?;
+    let (id, write) = match rest.strip_suffix(":write") {
+        Some(id) => (id, true),
+        None => (rest, false),
+    };
+    // The digits exactly as the id prints them (no sign, no leading zero).
+    let n: u64 = id.parse().ok()?;
+    (itoa_len(n) == id.len() && id.bytes().all(|b| b.is_ascii_digit())).then_some((n, write))
+}
+
+fn itoa_len(mut n: u64) -> usize {
+    let mut len = 1;
+    while n >= 10 {
+        n /= 10;
+        len += 1;
+    }
+    len
+}
+
 /// The key of `name`'s holds of `kind` among a thread's holds: the name, or
 /// for a write lock the name marked as such (a thread may hold the read and
 /// the write lock of one name at once, as two holds).
@@ -344,5 +377,25 @@ pub(crate) fn slot_key(name: &str, kind: Kind) -> String {
         format!("{name}\0write")
     } else {
         name.to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::owner_key;
+
+    #[test]
+    fn owner_keys_only_for_fields_of_the_usual_shape() {
+        let uuid = "6f1c2c1e-3b1a-4a51-9a4e-1f2e3d4c5b6a";
+        assert_eq!(owner_key(&format!("{uuid}:12")), Some((12, false)));
+        assert_eq!(owner_key(&format!("{uuid}:0:write")), Some((0, true)));
+        assert_eq!(
+            owner_key(&format!("{uuid}:{}", u64::MAX)),
+            Some((u64::MAX, false))
+        );
+        for odd in ["012", "+1", "-1", "1:read", "", "1:write:write", "x"] {
+            assert_eq!(owner_key(&format!("{uuid}:{odd}")), None, "{odd:?}");
+        }
+        assert_eq!(owner_key("no-colon"), None);
     }
 }

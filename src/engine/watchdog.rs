@@ -1,11 +1,14 @@
 //! The renewal scheduler (`redlease-watchdog`): one thread per client keeps
 //! every watched lock alive, whatever their number.
 //!
-//! The schedule is an ordered map by due time; each entry points (weakly) at
-//! the [`Hold`] it renews, which re-entries of one owner share, and carries
-//! that lock's own interval and lease. A release removes its entry at once (a
-//! map operation), so released locks cost the thread nothing. A wake-up takes
-//! every entry that is due, plus those due within a tenth of their interval,
+//! The schedule is an ordered map from due times, rounded up to the
+//! millisecond, to buckets of entries; each entry points (weakly) at the
+//! [`Hold`] it renews, which re-entries of one owner share, and carries that
+//! lock's own interval and lease. The locks of one batch come due together
+//! again, into one bucket: scheduling a renewal is a push, not a map
+//! insertion. A release removes its entry at once (a swap within its
+//! bucket), so released locks cost the thread nothing. A wake-up takes every
+//! bucket that is due, or due within a tenth of its first entry's interval,
 //! and renews them all in one round trip: a pipeline of multi-key renewal
 //! scripts of at most [`CHUNK`] locks each.
 //!
@@ -58,17 +61,22 @@ pub(crate) const MAX_SETTLE_DELAY: Duration = Duration::from_secs(2);
 
 pub(crate) type LostCallback = Arc<dyn Fn(&str) + Send + Sync + 'static>;
 
-/// A scheduled renewal; keyed in the schedule by (due time, sequence).
+/// A scheduled renewal; found in the schedule by (due tick, index in its
+/// bucket).
 struct Entry {
     interval: Duration,
     lease_ms: u64,
     hold: Weak<Hold>,
 }
 
-type Key = (Instant, u64);
+type Key = (u64, usize);
 
 struct State {
-    schedule: BTreeMap<Key, Entry>,
+    /// Buckets of entries by due tick (milliseconds since `base`, rounded up).
+    schedule: BTreeMap<u64, Vec<Entry>>,
+    base: Instant,
+    /// Entries in the schedule.
+    len: usize,
     /// Requests to settle, with the time of their next try and the number
     /// of tries so far.
     unsettled: Vec<(Instant, u32, Arc<Unsettled>)>,
@@ -76,7 +84,6 @@ struct State {
     /// works; it reads the schedule again before it sleeps). A new entry due
     /// earlier than this wakes it; any other lets it sleep.
     sleeping_until: Option<Instant>,
-    seq: u64,
     started: bool,
     shutdown: bool,
 }
@@ -134,9 +141,10 @@ impl Watchdog {
                 settle_warned: Mutex::new(Vec::new()),
                 state: Mutex::new(State {
                     schedule: BTreeMap::new(),
+                    base: Instant::now(),
+                    len: 0,
                     unsettled: Vec::new(),
                     sleeping_until: None,
-                    seq: 0,
                     started: false,
                     shutdown: false,
                 }),
@@ -152,7 +160,7 @@ impl Watchdog {
 
     /// Locks being renewed.
     pub(crate) fn scheduled(&self) -> usize {
-        self.inner.state.lock().schedule.len()
+        self.inner.state.lock().len
     }
 
     /// Starts renewing `hold` every `interval` with `lease_ms`.
@@ -176,7 +184,11 @@ impl Watchdog {
                     false
                 }
                 Sched::Queued(key) => {
-                    let due = st.schedule.remove(key).map_or(due, |_| due.min(key.0));
+                    let key = *key;
+                    let due = match st.remove(key) {
+                        true => due.min(st.due(key.0)),
+                        false => due,
+                    };
                     *sched = Sched::Queued(st.insert(due, hold, interval, lease_ms));
                     st.sleeping_until.is_some_and(|t| due < t)
                 }
@@ -194,8 +206,8 @@ impl Watchdog {
     pub(crate) fn unwatch(&self, hold: &Hold) {
         let mut st = self.inner.state.lock();
         let mut sched = hold.sched.lock();
-        if let Sched::Queued(key) = &*sched {
-            st.schedule.remove(key);
+        if let Sched::Queued(key) = *sched {
+            st.remove(key);
             *sched = Sched::Idle;
         }
     }
@@ -262,19 +274,63 @@ impl Drop for Watchdog {
 }
 
 impl State {
+    /// The tick of `at`: milliseconds since `base`, rounded up (renewing up
+    /// to a millisecond late is nothing next to an interval of 50 ms or
+    /// more, and it puts the locks acquired in one millisecond in one
+    /// bucket).
+    fn tick(&self, at: Instant) -> u64 {
+        let ns = at.saturating_duration_since(self.base).as_nanos();
+        u64::try_from(ns.div_ceil(1_000_000)).unwrap_or(u64::MAX)
+    }
+
+    /// When tick `t` is due.
+    fn due(&self, t: u64) -> Instant {
+        self.base
+            .checked_add(Duration::from_millis(t))
+            .unwrap_or_else(|| far_future(self.base))
+    }
+
     /// Adds an entry; the caller records the key in the hold's `sched`.
     fn insert(&mut self, at: Instant, hold: &Arc<Hold>, interval: Duration, lease_ms: u64) -> Key {
-        self.seq += 1;
-        let key = (at, self.seq);
-        self.schedule.insert(
-            key,
-            Entry {
-                interval,
-                lease_ms,
-                hold: Arc::downgrade(hold),
-            },
-        );
-        key
+        let t = self.tick(at);
+        let bucket = self.schedule.entry(t).or_default();
+        bucket.push(Entry {
+            interval,
+            lease_ms,
+            hold: Arc::downgrade(hold),
+        });
+        self.len += 1;
+        (t, bucket.len() - 1)
+    }
+
+    /// Removes the entry at `key` (`false` if there is none). The caller
+    /// holds the lock of the removed entry's hold's `sched`; the entry moved
+    /// into its place (another hold's) gets its new index.
+    fn remove(&mut self, (t, i): Key) -> bool {
+        let Some(bucket) = self.schedule.get_mut(&t) else {
+            return false;
+        };
+        if i >= bucket.len() {
+            return false;
+        }
+        let removed = bucket.swap_remove(i);
+        self.len -= 1;
+        let moved = bucket
+            .get(i)
+            .filter(|moved| !Weak::ptr_eq(&moved.hold, &removed.hold))
+            .and_then(|moved| moved.hold.upgrade());
+        if let Some(hold) = moved {
+            let mut sched = hold.sched.lock();
+            if let Sched::Queued(key) = &mut *sched {
+                if *key == (t, bucket.len()) {
+                    key.1 = i;
+                }
+            }
+        }
+        if bucket.is_empty() {
+            self.schedule.remove(&t);
+        }
+        true
     }
 }
 
@@ -300,7 +356,7 @@ impl Inner {
             if st.shutdown {
                 return None;
             }
-            let renewal = st.schedule.first_key_value().map(|(k, _)| k.0);
+            let renewal = st.schedule.first_key_value().map(|(t, _)| st.due(*t));
             let settle = st.unsettled.iter().map(|(at, _, _)| *at).min();
             let next = match (renewal, settle) {
                 (Some(a), Some(b)) => Some(a.min(b)),
@@ -330,13 +386,24 @@ impl Inner {
             }
         });
         let mut batch = Vec::new();
-        while let Some(entry) = st.schedule.first_entry() {
-            if entry.key().0 > now + entry.get().interval / 10 {
+        while let Some((&t, bucket)) = st.schedule.first_key_value() {
+            let slack = bucket.first().map_or(Duration::ZERO, |e| e.interval / 10);
+            if st.due(t) > now + slack {
                 break;
             }
-            let e = entry.remove();
-            if let Some(hold) = e.hold.upgrade() {
+            let bucket = st.schedule.remove(&t).unwrap_or_default();
+            st.len -= bucket.len();
+            batch.reserve(bucket.len());
+            for e in bucket {
+                let Some(hold) = e.hold.upgrade() else {
+                    continue;
+                };
                 let mut sched = hold.sched.lock();
+                if !matches!(*sched, Sched::Queued((at, _)) if at == t) {
+                    // Not this hold's entry any more (never expected: every
+                    // change of an entry updates its hold's key).
+                    continue;
+                }
                 // The token first: a last watched guard released after this
                 // check changes the epoch (and the generation in Redis).
                 let token = hold.renew_token();
@@ -799,26 +866,32 @@ fn split_owner(field: &str) -> (&str, &str) {
 }
 
 /// Whether two renewals can share a section of the renewal script: same
-/// lease, same script mode, same owner prefix.
+/// lease, same script mode, same owner prefix (the client's, for every
+/// field of the usual shape: see `Hold::owner`).
 fn same_terms(a: &Renewal, b: &Renewal) -> bool {
     a.lease_ms == b.lease_ms
         && (a.hold.kind == Kind::Read) == (b.hold.kind == Kind::Read)
-        && split_owner(&a.hold.field).0 == split_owner(&b.hold.field).0
+        && (a.hold.owner.is_some() && b.hold.owner.is_some()
+            || split_owner(&a.hold.field).0 == split_owner(&b.hold.field).0)
+}
+
+/// Whether two renewals are for one owner field.
+fn same_field(a: &Renewal, b: &Renewal) -> bool {
+    match (a.hold.owner, b.hold.owner) {
+        (Some(x), Some(y)) => x == y,
+        _ => a.hold.field == b.hold.field,
+    }
 }
 
 /// Orders a chunk so that renewals sharing a section of the renewal script
-/// are next to each other (read holds last, then by lease and owner field):
-/// a batch of one owner's locks is one section with one argument per lock.
+/// are next to each other (read holds last, then by lease and owner): a
+/// batch of one owner's locks is one section with one argument per lock.
 /// The schedule hands them over mostly in that order already, and the sort
-/// keeps the runs it finds.
+/// keeps the runs it finds. Only numbers are compared: no field is read.
 fn sort_chunk(batch: &[Renewal], chunk: &mut [usize]) {
-    chunk.sort_by(|&x, &y| {
-        let (a, b) = (&batch[x], &batch[y]);
-        (a.hold.kind == Kind::Read, a.lease_ms, a.hold.field.as_str()).cmp(&(
-            b.hold.kind == Kind::Read,
-            b.lease_ms,
-            b.hold.field.as_str(),
-        ))
+    chunk.sort_by_key(|&i| {
+        let r = &batch[i];
+        (r.hold.kind == Kind::Read, r.lease_ms, r.hold.owner)
     });
 }
 
@@ -854,9 +927,8 @@ fn sections(batch: &[Renewal], chunk: &[usize]) -> Vec<Section> {
         let mut singles: Option<usize> = None;
         let mut r = s;
         while r < e {
-            let field = &batch[chunk[r]].hold.field;
             let mut q = r + 1;
-            while q < e && batch[chunk[q]].hold.field == *field {
+            while q < e && same_field(&batch[chunk[r]], &batch[chunk[q]]) {
                 q += 1;
             }
             if q - r >= 2 {
@@ -889,6 +961,36 @@ fn sections(batch: &[Renewal], chunk: &[usize]) -> Vec<Section> {
     out
 }
 
+/// The rest of a hold's owner field after `<client-uuid>:`, written from
+/// its owner key when it has one (without reading the field).
+struct RestArg<'a>(&'a Hold);
+
+impl redis::ToRedisArgs for RestArg<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        match self.0.owner {
+            Some((id, write)) => {
+                let mut buf = [0u8; 26];
+                let mut at = buf.len();
+                if write {
+                    at -= 6;
+                    buf[at..].copy_from_slice(b":write");
+                }
+                let mut n = id;
+                loop {
+                    at -= 1;
+                    buf[at] = b'0' + (n % 10) as u8;
+                    n /= 10;
+                    if n == 0 {
+                        break;
+                    }
+                }
+                out.write_arg(&buf[at..]);
+            }
+            None => out.write_arg(split_owner(&self.0.field).1.as_bytes()),
+        }
+    }
+}
+
 /// A renewal's generation as the kind's scripts write it (`g<id>` for the
 /// read-write lock, see rw_lib.lua); empty when unknown (matches nothing).
 struct GenArg(Kind, Option<u64>);
@@ -898,7 +1000,7 @@ impl redis::ToRedisArgs for GenArg {
         match *self {
             GenArg(_, None) => out.write_arg(b""),
             GenArg(kind, Some(gen)) if kind.is_rw() => out.write_arg_fmt(format_args!("g{gen}")),
-            GenArg(_, Some(gen)) => out.write_arg_fmt(gen),
+            GenArg(_, Some(gen)) => gen.write_redis_args(out),
         }
     }
 }
@@ -935,7 +1037,7 @@ fn renew_command(batch: &[Renewal], chunk: &[usize], eval: bool, careful: bool) 
             for &i in &chunk[sec.start..sec.end] {
                 let r = &batch[i];
                 if sec.mode != "f" {
-                    cmd.arg(split_owner(&r.hold.field).1);
+                    cmd.arg(RestArg(&r.hold));
                 }
                 cmd.arg(GenArg(r.hold.kind, r.token.gen));
                 if sec.mode == "r" {
