@@ -9,8 +9,11 @@
 //!    PING/s ÷ 2 pairs/s. Beside it: `redis-benchmark -c 1` with PING and with
 //!    EVALSHA of a trivial script (the C client's view of the same limit);
 //!    redlease's own two scripts sent on a raw connection (the floor including
-//!    the scripts' server-side cost, without the library); and Redisson's
-//!    classic scripts (no cancel marker, no unlock latch) the same way.
+//!    the scripts' server-side cost, without the library); Redisson's
+//!    classic scripts (no cancel marker, no unlock latch) the same way; and
+//!    the peer of issue 20, a raw non-reentrant lock (`SET NX PX`, Lua
+//!    compare-and-delete) on one connection, interleaved only (goal:
+//!    redlease at >= 0.95 of it).
 //! 2. Uncontended `lock()` + drop (watchdog lock: registering with the
 //!    watchdog is part of the cost) and `lock_with_lease()` + drop, in pairs/s
 //!    and as a ratio to the floor (target >= 0.9).
@@ -137,6 +140,50 @@ else \
     redis.call('publish', KEYS[2], ARGV[1]); \
     return 1; \
 end;";
+
+/// The peer of issue 20: a raw non-reentrant lock on one connection, `SET
+/// NX PX` to acquire and a Lua compare-and-delete to release (no re-entry,
+/// no lost-reply protection, no waking of waiters): what a lock costs with
+/// the least work Redis can do for it in two round trips.
+struct NonReentrant {
+    cad_sha: String,
+    name: String,
+    token: String,
+}
+
+const CAD_LUA: &str = "\
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end \
+return 0";
+
+impl NonReentrant {
+    fn new(conn: &mut redis::Connection, name: &str) -> NonReentrant {
+        NonReentrant {
+            cad_sha: support::script_load(conn, CAD_LUA),
+            name: name.to_owned(),
+            token: "00000000-0000-0000-0000-000000000000:1".to_owned(),
+        }
+    }
+
+    fn run(&mut self, conn: &mut redis::Connection) {
+        let set: Option<String> = redis::cmd("SET")
+            .arg(&self.name)
+            .arg(&self.token)
+            .arg("NX")
+            .arg("PX")
+            .arg(LEASE.as_millis() as u64)
+            .query(conn)
+            .expect("SET NX PX");
+        assert!(set.is_some(), "the non-reentrant lock was busy");
+        let deleted: i64 = redis::cmd("EVALSHA")
+            .arg(&self.cad_sha)
+            .arg(1)
+            .arg(&self.name)
+            .arg(&self.token)
+            .query(conn)
+            .expect("compare-and-delete");
+        assert_eq!(deleted, 1, "the non-reentrant release deleted nothing");
+    }
+}
 
 /// One raw acquire + release (two EVALSHA round trips on a raw connection),
 /// with redlease's scripts and argument shapes, or Redisson's classic ones.
@@ -735,7 +782,9 @@ fn main() {
         let mut c2 = server.conn();
         let mut c3 = server.conn();
         let mut c4 = server.conn();
+        let mut c5 = server.conn();
         let trivial = support::script_load(&mut c2, TRIVIAL_LUA);
+        let mut nonreentrant = NonReentrant::new(&mut c5, "bench:il:nonreentrant");
         let mut pair = RawPair::new(&mut c3, "bench:il:raw", false);
         let mut classic = RawPair::new(&mut c4, "bench:il:classic", true);
         let lock = client.lock("bench:il:redlease");
@@ -749,6 +798,7 @@ fn main() {
         };
         let mut raw = || pair.run(&mut c3);
         let mut classic = || classic.run(&mut c4);
+        let mut nonreentrant = || nonreentrant.run(&mut c5);
         let mut watchdog = || drop(lock.lock().expect("lock"));
         let mut lease = || drop(lock.lock_with_lease(LEASE).expect("lock_with_lease"));
         interleaved(
@@ -759,6 +809,7 @@ fn main() {
                 ("evalsha_trivial", &mut evalsha),
                 ("raw_pair", &mut raw),
                 ("classic_pair", &mut classic),
+                ("nonreentrant_pair", &mut nonreentrant),
                 ("watchdog_pair", &mut watchdog),
                 ("lease_pair", &mut lease),
             ],
@@ -910,6 +961,12 @@ fn main() {
             fmt_ratio(r, floor),
         );
     }
+    println!(
+        "SUMMARY: peer        | raw non-reentrant lock (SET NX PX + Lua compare-and-delete), raw connection | interleaved {} pairs/s, ratio {}",
+        fmt_rate(round_rate(&rounds, "nonreentrant_pair")),
+        round_ratio(&rounds, "nonreentrant_pair", "ping", 0.5)
+            .map_or_else(|| "n/a".to_owned(), |x| format!("{x:.2}")),
+    );
     for (key, what) in [
         ("watchdog_pair", "lock()+drop (watchdog)"),
         ("lease_pair", "lock_with_lease(30s)+drop"),
@@ -918,13 +975,16 @@ fn main() {
         let il_ratio = round_ratio(&rounds, key, "ping", 0.5);
         let ok = il_ratio.is_some_and(|x| x >= 0.9);
         let fmt = |x: Option<f64>| x.map_or_else(|| "n/a".to_owned(), |x| format!("{x:.2}"));
+        let vs_peer = round_ratio(&rounds, key, "nonreentrant_pair", 1.0);
         println!(
-            "SUMMARY: redlease    | {what} | interleaved {} pairs/s, ratio {} (target >= 0.90: {}), vs raw scripts {} \
-             | criterion {} pairs/s, ratio {}, vs raw scripts {}",
+            "SUMMARY: redlease    | {what} | interleaved {} pairs/s, ratio {} (target >= 0.90: {}), vs raw scripts {}, \
+             vs the non-reentrant peer {} (goal >= 0.95: {}) | criterion {} pairs/s, ratio {}, vs raw scripts {}",
             fmt_rate(round_rate(&rounds, key)),
             fmt(il_ratio),
             pass(ok),
             fmt(round_ratio(&rounds, key, "raw_pair", 1.0)),
+            fmt(vs_peer),
+            pass(vs_peer.is_some_and(|x| x >= 0.95)),
             fmt_rate(r),
             fmt_ratio(r, floor),
             fmt_ratio(r, rates.rate("raw_pair"))
