@@ -29,15 +29,17 @@ end
 for i = first, #KEYS do
     redis.call('set', KEYS[i], 1, 'px', ARGV[6])
 end
-if redis.call('exists', KEYS[2]) == 1 then
-    return -3
-end
-local mine = redis.call('exists', KEYS[1]) == 0
+-- One call tells the usual case: the lock is free and this request was not
+-- cancelled.
+local mine = redis.call('exists', KEYS[1], KEYS[2]) == 0
 if mine then
     if tonumber(ARGV[3]) > 1 then
         return -4
     end
 else
+    if redis.call('exists', KEYS[2]) == 1 then
+        return -3
+    end
     mine = redis.call('hexists', KEYS[1], ARGV[2]) == 1
 end
 if mine then

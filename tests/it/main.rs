@@ -27,6 +27,7 @@ mod redlock;
 mod renewal;
 mod replica_sync;
 mod rwlock;
+mod script_paths;
 mod semaphore;
 mod sentinel;
 mod support_selftest;
