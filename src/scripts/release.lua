@@ -21,30 +21,26 @@
 for i = FIRST_UNSETTLED, #KEYS do
     redis.call('set', KEYS[i], 1, 'px', ARGV[7])
 end
--- The usual case in one read: the owner's field carries a generation older
--- than this request's, so the owner holds the lock and this request has not
--- run (once it has run, no write with an older generation can follow: the
--- owner's earlier requests are no-ops by then). Otherwise the latch answers
--- a retry or a late copy, and a field that is gone means "not held".
-local gen = tonumber(redis.call('hget', KEYS[1], ARGV[1] .. ':gen'))
-if not (gen and gen < tonumber(ARGV[5])) then
-    local done = redis.call('get', KEYS[3])
-    if done then
-        if done == 'n' then
-            return nil
-        end
-        return tonumber(done)
+local done = redis.call('get', KEYS[3])
+if done then
+    if done == 'n' then
+        return nil
     end
+    return tonumber(done)
+end
+if tonumber(ARGV[2]) > 0 then
     if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
         redis.call('set', KEYS[3], 'n', 'px', ARGV[4])
         return nil
     end
-end
-if tonumber(ARGV[2]) > 0 then
     redis.call('hset', KEYS[1], ARGV[1], ARGV[2], ARGV[1] .. ':gen', ARGV[5])
     redis.call('pexpire', KEYS[1], ARGV[3])
     redis.call('set', KEYS[3], 0, 'px', ARGV[4])
     return 0
+end
+if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
+    redis.call('set', KEYS[3], 'n', 'px', ARGV[4])
+    return nil
 end
 -- Publish before deleting: a user whose ACL lacks the channel stops the
 -- script here with nothing changed. Subscribers get the message only after

@@ -138,3 +138,41 @@ fn a_release_answers_retries_and_late_copies_with_its_first_answer() {
     assert_eq!(release(&mut conn, "u", "latch15", 0, 15), Some(1));
     assert_eq!(srv.cmd(&["EXISTS", "u"]), "0");
 }
+
+/// A release whose reply was lost before it ran, then the owner's next
+/// acquisition (which sets the release's latch: it names it among its
+/// unsettled requests), then the watchdog's settle of that release, sent
+/// with a new, larger request id: the settle must find the latch and leave
+/// the new hold alone. (A release fast path that took "generation older
+/// than this request" to mean "not run yet" released the new hold here; the
+/// randomized safety test found it.)
+#[test]
+fn a_settle_after_a_later_acquisition_leaves_the_new_hold_alone() {
+    let srv = RedisServer::start();
+    let mut conn = srv.conn();
+    assert_eq!(acquire(&mut conn, "s", "m1", 1, 5), None);
+    // The release (id 7, latch "latch7") never reaches redis. The owner
+    // acquires again, setting the unsettled release's latch first.
+    let acquired: Option<i64> = redis::cmd("EVAL")
+        .arg(ACQUIRE_LUA)
+        .arg(3)
+        .arg("s")
+        .arg("m2")
+        .arg("latch7")
+        .arg(30_000)
+        .arg(FIELD)
+        .arg(1)
+        .arg(9)
+        .arg("0")
+        .arg(60_000)
+        .query(&mut conn)
+        .expect("acquire.lua with an unsettled release");
+    assert_eq!(acquired, None);
+    // The settle of the release, with a new request id.
+    assert_eq!(release(&mut conn, "s", "latch7", 0, 11), Some(1));
+    assert_eq!(
+        gen_of(&mut conn, "s").as_deref(),
+        Some("9"),
+        "the new hold was released"
+    );
+}
