@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Weak;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
 
 use crate::scripts::{Kind, LockRef};
 use crate::time::deadline;
@@ -35,6 +35,9 @@ struct LeaseState {
     busy: u32,
     /// The generation Redis holds for this hold, as far as known.
     gen: Option<u64>,
+    /// The watchdog's entry (under the same lock: renewing a hold takes one
+    /// lock, and one cache line, per pass).
+    sched: Sched,
 }
 
 /// What a renewal of a hold carries: the generation it expects, and the
@@ -47,7 +50,8 @@ pub(crate) struct RenewToken {
 }
 
 /// Where a hold stands in the watchdog's schedule; read and written only
-/// under the watchdog's lock. One hold has at most one entry, always.
+/// under the watchdog's lock ([`Hold::sched`]). One hold has at most one
+/// entry, always.
 pub(crate) enum Sched {
     /// Not scheduled.
     Idle,
@@ -66,7 +70,6 @@ pub(crate) enum Sched {
 /// locks touches two lines per lock rather than one per field.
 #[repr(C)]
 pub(crate) struct Hold {
-    pub(crate) sched: Mutex<Sched>,
     lease: Mutex<LeaseState>,
     lost: AtomicBool,
     released: AtomicBool,
@@ -134,11 +137,11 @@ impl Hold {
                 epoch: 0,
                 busy: 0,
                 gen: Some(gen),
+                sched: Sched::Idle,
             }),
             lost: AtomicBool::new(false),
             released: AtomicBool::new(false),
             lost_release_sent: AtomicBool::new(false),
-            sched: Mutex::new(Sched::Idle),
             lost_listeners: Mutex::new(Vec::new()),
         }
     }
@@ -274,12 +277,33 @@ impl Hold {
         self.aborted();
     }
 
-    /// What a renewal sent now carries.
-    pub(crate) fn renew_token(&self) -> RenewToken {
-        let st = self.lease.lock();
-        RenewToken {
+    /// The hold's entry in the watchdog's schedule; lock it only under the
+    /// watchdog's own lock.
+    pub(crate) fn sched(&self) -> MappedMutexGuard<'_, Sched> {
+        MutexGuard::map(self.lease.lock(), |st| &mut st.sched)
+    }
+
+    /// Takes the hold for a renewal if its entry is the one due at `tick`:
+    /// the renewal's token, with the entry marked in flight; `None` (the
+    /// entry dropped) when it is not watched any more or the entry is not
+    /// its own.
+    pub(crate) fn take_due(&self, tick: u64) -> Option<RenewToken> {
+        let mut st = self.lease.lock();
+        if !matches!(st.sched, Sched::Queued((at, _)) if at == tick) {
+            return None;
+        }
+        // The token first: a last watched guard released after this check
+        // changes the epoch (and the generation in Redis).
+        let token = RenewToken {
             epoch: (st.busy == 0).then_some(st.epoch),
             gen: st.gen,
+        };
+        if self.is_watched() {
+            st.sched = Sched::InFlight(None);
+            Some(token)
+        } else {
+            st.sched = Sched::Idle;
+            None
         }
     }
 

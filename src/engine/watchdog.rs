@@ -34,10 +34,10 @@
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::engine::hold::{Hold, RenewToken, Sched};
 use crate::engine::unsettled::Unsettled;
@@ -66,7 +66,10 @@ pub(crate) type LostCallback = Arc<dyn Fn(&str) + Send + Sync + 'static>;
 struct Entry {
     interval: Duration,
     lease_ms: u64,
-    hold: Weak<Hold>,
+    /// Strong: an entry is removed as soon as its hold stops being watched
+    /// (release, last watched guard dropped, loss), so it keeps no released
+    /// hold alive, and taking it for a renewal is a move, not an upgrade.
+    hold: Arc<Hold>,
 }
 
 type Key = (u64, usize);
@@ -117,6 +120,9 @@ pub(crate) struct Watchdog {
 
 struct Renewal {
     hold: Arc<Hold>,
+    /// The hold's kind and owner key, copied: grouping a batch reads no hold.
+    kind: Kind,
+    owner: Option<(u64, bool)>,
     interval: Duration,
     lease_ms: u64,
     token: RenewToken,
@@ -176,7 +182,7 @@ impl Watchdog {
     ) -> std::io::Result<()> {
         self.schedule(|st| {
             let due = Instant::now() + interval;
-            let mut sched = hold.sched.lock();
+            let mut sched = hold.sched();
             match &mut *sched {
                 Sched::InFlight(terms) => {
                     // The renewal under way schedules it again, with these terms.
@@ -205,7 +211,7 @@ impl Watchdog {
     /// again (see `Hold::is_watched`).
     pub(crate) fn unwatch(&self, hold: &Hold) {
         let mut st = self.inner.state.lock();
-        let mut sched = hold.sched.lock();
+        let mut sched = hold.sched();
         if let Sched::Queued(key) = *sched {
             st.remove(key);
             *sched = Sched::Idle;
@@ -297,7 +303,7 @@ impl State {
         bucket.push(Entry {
             interval,
             lease_ms,
-            hold: Arc::downgrade(hold),
+            hold: Arc::clone(hold),
         });
         self.len += 1;
         (t, bucket.len() - 1)
@@ -317,10 +323,9 @@ impl State {
         self.len -= 1;
         let moved = bucket
             .get(i)
-            .filter(|moved| !Weak::ptr_eq(&moved.hold, &removed.hold))
-            .and_then(|moved| moved.hold.upgrade());
-        if let Some(hold) = moved {
-            let mut sched = hold.sched.lock();
+            .filter(|moved| !Arc::ptr_eq(&moved.hold, &removed.hold));
+        if let Some(moved) = moved {
+            let mut sched = moved.hold.sched();
             if let Sched::Queued(key) = &mut *sched {
                 if *key == (t, bucket.len()) {
                     key.1 = i;
@@ -394,30 +399,23 @@ impl Inner {
             let bucket = st.schedule.remove(&t).unwrap_or_default();
             st.len -= bucket.len();
             batch.reserve(bucket.len());
-            for e in bucket {
-                let Some(hold) = e.hold.upgrade() else {
-                    continue;
-                };
-                let mut sched = hold.sched.lock();
-                if !matches!(*sched, Sched::Queued((at, _)) if at == t) {
-                    // Not this hold's entry any more (never expected: every
-                    // change of an entry updates its hold's key).
-                    continue;
-                }
-                // The token first: a last watched guard released after this
-                // check changes the epoch (and the generation in Redis).
-                let token = hold.renew_token();
-                if hold.is_watched() {
-                    *sched = Sched::InFlight(None);
-                    drop(sched);
-                    batch.push(Renewal {
-                        hold,
-                        interval: e.interval,
-                        lease_ms: e.lease_ms,
-                        token,
-                    });
-                } else {
-                    *sched = Sched::Idle;
+            let mut entries = bucket.into_iter();
+            while entries.len() > 0 {
+                touch(
+                    entries.as_slice().iter().take(TOUCH).map(|e| &e.hold),
+                    false,
+                );
+                for e in entries.by_ref().take(TOUCH) {
+                    if let Some(token) = e.hold.take_due(t) {
+                        batch.push(Renewal {
+                            kind: e.hold.kind,
+                            owner: e.hold.owner,
+                            hold: e.hold,
+                            interval: e.interval,
+                            lease_ms: e.lease_ms,
+                            token,
+                        });
+                    }
                 }
             }
         }
@@ -549,8 +547,6 @@ impl Inner {
     fn renew(&self, batch: Vec<Renewal>) {
         let sent = Instant::now();
         let outcomes = self.renew_all(&batch);
-        let mut again = Vec::with_capacity(batch.len());
-        let mut idle = Vec::new();
         let now = Instant::now();
         let retry = |r: &Renewal| now + RETRY_DELAY.min(r.interval);
         let renewed = outcomes
@@ -564,50 +560,71 @@ impl Inner {
         self.counters
             .renewals
             .fetch_add(renewed as u64, Ordering::Relaxed);
-        for (r, outcome) in batch.into_iter().zip(outcomes) {
-            match outcome {
-                // The bound is raised only by a renewal that no lease-setting
-                // request of the hold overlapped; else the next renewal comes
-                // soon.
-                Some(Outcome::Renewed) if r.hold.renewed(r.token, sent, r.lease_ms) => {
-                    again.push((sent + r.interval, r));
-                }
-                Some(Outcome::Renewed) => again.push((retry(&r), r)),
-                Some(Outcome::Stale(gen)) if r.hold.adopt(r.token, gen) => {
-                    again.push((now, r));
-                }
-                Some(Outcome::Stale(_)) => again.push((retry(&r), r)),
-                Some(Outcome::Gone) => {
-                    self.lose(&r.hold, "its key or owner field is gone from redis");
-                    idle.push(r);
-                }
-                // Not renewed (no answer, an error, too few replicas): the
-                // bound stays where it was; retried soon, lost once it has
-                // passed.
-                None if now >= r.hold.valid_until() => {
-                    self.lose(&r.hold, "it could not be renewed before its lease ran out");
-                    idle.push(r);
-                }
-                None => again.push((retry(&r), r)),
+        // One pass over the holds: the outcome, then the next entry, each
+        // hold's state locked once more. The schedule's lock is let go every
+        // so often, so that a large batch does not hold up acquisitions.
+        let mut lost = Vec::new();
+        let mut st = self.state.lock();
+        let mut renewals = batch.into_iter();
+        let mut outcomes = outcomes.into_iter();
+        let mut k = 0usize;
+        while renewals.len() > 0 {
+            touch(
+                renewals.as_slice().iter().take(TOUCH).map(|r| &r.hold),
+                false,
+            );
+            k += TOUCH;
+            if k % 1024 < TOUCH {
+                MutexGuard::bump(&mut st);
+            }
+            for (r, outcome) in renewals.by_ref().take(TOUCH).zip(outcomes.by_ref()) {
+                let at = match outcome {
+                    // The bound is raised only by a renewal that no lease-setting
+                    // request of the hold overlapped; else the next renewal comes
+                    // soon.
+                    Some(Outcome::Renewed) if r.hold.renewed(r.token, sent, r.lease_ms) => {
+                        Some(sent + r.interval)
+                    }
+                    Some(Outcome::Renewed) => Some(retry(&r)),
+                    Some(Outcome::Stale(gen)) if r.hold.adopt(r.token, gen) => Some(now),
+                    Some(Outcome::Stale(_)) => Some(retry(&r)),
+                    Some(Outcome::Gone) => {
+                        lost.push((
+                            Arc::clone(&r.hold),
+                            "its key or owner field is gone from redis",
+                        ));
+                        None
+                    }
+                    // Not renewed (no answer, an error, too few replicas): the
+                    // bound stays where it was; retried soon, lost once it has
+                    // passed.
+                    None if now >= r.hold.valid_until() => {
+                        lost.push((
+                            Arc::clone(&r.hold),
+                            "it could not be renewed before its lease ran out",
+                        ));
+                        None
+                    }
+                    None => Some(retry(&r)),
+                };
+                // Checked under the lock that `unwatch` takes: a hold released
+                // during the round trip is not scheduled again.
+                let mut sched = r.hold.sched();
+                let (interval, lease_ms) = match &*sched {
+                    Sched::InFlight(Some(terms)) => *terms,
+                    _ => (r.interval, r.lease_ms),
+                };
+                *sched = match at {
+                    Some(at) if r.hold.is_watched() => {
+                        Sched::Queued(st.insert(at, &r.hold, interval, lease_ms))
+                    }
+                    _ => Sched::Idle,
+                };
             }
         }
-        let mut st = self.state.lock();
-        for r in idle {
-            *r.hold.sched.lock() = Sched::Idle;
-        }
-        for (at, r) in again {
-            // Checked under the lock that `unwatch` takes: a hold released
-            // during the round trip is not scheduled again.
-            let mut sched = r.hold.sched.lock();
-            let (interval, lease_ms) = match &*sched {
-                Sched::InFlight(Some(terms)) => *terms,
-                _ => (r.interval, r.lease_ms),
-            };
-            *sched = if r.hold.is_watched() {
-                Sched::Queued(st.insert(at, &r.hold, interval, lease_ms))
-            } else {
-                Sched::Idle
-            };
+        drop(st);
+        for (hold, why) in lost {
+            self.lose(&hold, why);
         }
     }
 
@@ -854,6 +871,24 @@ fn cause(e: &crate::error::Error) -> &'static str {
     }
 }
 
+/// Holds read ahead at a time by [`touch`].
+const TOUCH: usize = 16;
+
+/// Reads a word of each hold's first cache line (and, with `names`, the
+/// first byte of its name) without using it, a block at a time before the
+/// block is worked on: with many locks the holds are not in the cache, and
+/// their misses then overlap instead of coming one after another.
+fn touch<'a>(holds: impl Iterator<Item = &'a Arc<Hold>>, names: bool) {
+    let mut x = 0usize;
+    for h in holds {
+        x ^= Arc::strong_count(h) ^ h.kind as usize;
+        if names {
+            x ^= usize::from(h.name.as_bytes().first().copied().unwrap_or(0));
+        }
+    }
+    std::hint::black_box(x);
+}
+
 /// A renewal script call failed because a key of it is not a hash (Redis
 /// 7 passes the command's error on; older servers wrap it in `ERR`).
 fn wrong_type(code: &str, details: Option<&str>) -> bool {
@@ -870,14 +905,14 @@ fn split_owner(field: &str) -> (&str, &str) {
 /// field of the usual shape: see `Hold::owner`).
 fn same_terms(a: &Renewal, b: &Renewal) -> bool {
     a.lease_ms == b.lease_ms
-        && (a.hold.kind == Kind::Read) == (b.hold.kind == Kind::Read)
-        && (a.hold.owner.is_some() && b.hold.owner.is_some()
+        && (a.kind == Kind::Read) == (b.kind == Kind::Read)
+        && (a.owner.is_some() && b.owner.is_some()
             || split_owner(&a.hold.field).0 == split_owner(&b.hold.field).0)
 }
 
 /// Whether two renewals are for one owner field.
 fn same_field(a: &Renewal, b: &Renewal) -> bool {
-    match (a.hold.owner, b.hold.owner) {
+    match (a.owner, b.owner) {
         (Some(x), Some(y)) => x == y,
         _ => a.hold.field == b.hold.field,
     }
@@ -891,7 +926,7 @@ fn same_field(a: &Renewal, b: &Renewal) -> bool {
 fn sort_chunk(batch: &[Renewal], chunk: &mut [usize]) {
     chunk.sort_by_key(|&i| {
         let r = &batch[i];
-        (r.hold.kind == Kind::Read, r.lease_ms, r.hold.owner)
+        (r.kind == Kind::Read, r.lease_ms, r.owner)
     });
 }
 
@@ -915,7 +950,7 @@ fn sections(batch: &[Renewal], chunk: &[usize]) -> Vec<Section> {
         while e < chunk.len() && same_terms(first, &batch[chunk[e]]) {
             e += 1;
         }
-        if first.hold.kind == Kind::Read {
+        if first.kind == Kind::Read {
             out.push(Section {
                 start: s,
                 end: e,
@@ -961,9 +996,9 @@ fn sections(batch: &[Renewal], chunk: &[usize]) -> Vec<Section> {
     out
 }
 
-/// The rest of a hold's owner field after `<client-uuid>:`, written from
+/// The rest of a renewal's owner field after `<client-uuid>:`, written from
 /// its owner key when it has one (without reading the field).
-struct RestArg<'a>(&'a Hold);
+struct RestArg<'a>(&'a Renewal);
 
 impl redis::ToRedisArgs for RestArg<'_> {
     fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
@@ -986,7 +1021,7 @@ impl redis::ToRedisArgs for RestArg<'_> {
                 }
                 out.write_arg(&buf[at..]);
             }
-            None => out.write_arg(split_owner(&self.0.field).1.as_bytes()),
+            None => out.write_arg(split_owner(&self.0.hold.field).1.as_bytes()),
         }
     }
 }
@@ -1010,17 +1045,15 @@ impl redis::ToRedisArgs for GenArg {
 /// hash).
 fn renew_command(batch: &[Renewal], chunk: &[usize], eval: bool, careful: bool) -> redis::Cmd {
     let sections = sections(batch, chunk);
-    let size = chunk
-        .iter()
-        .map(|&i| {
-            let h = &batch[i].hold;
-            h.name.len() + h.prefix.len() + 40
-        })
-        .sum::<usize>()
-        + sections.len() * 64;
+    // An estimate (names of some 50 bytes): measuring each would read every
+    // hold once more.
+    let size = chunk.len() * 80 + sections.len() * 64;
     let fill = |cmd: &mut redis::Cmd| {
-        for &i in chunk {
-            cmd.arg(&batch[i].hold.name);
+        for block in chunk.chunks(TOUCH) {
+            touch(block.iter().map(|&i| &batch[i].hold), true);
+            for &i in block {
+                cmd.arg(&batch[i].hold.name);
+            }
         }
         cmd.arg(if careful { "1" } else { "0" });
         for sec in &sections {
@@ -1037,9 +1070,9 @@ fn renew_command(batch: &[Renewal], chunk: &[usize], eval: bool, careful: bool) 
             for &i in &chunk[sec.start..sec.end] {
                 let r = &batch[i];
                 if sec.mode != "f" {
-                    cmd.arg(RestArg(&r.hold));
+                    cmd.arg(RestArg(r));
                 }
-                cmd.arg(GenArg(r.hold.kind, r.token.gen));
+                cmd.arg(GenArg(r.kind, r.token.gen));
                 if sec.mode == "r" {
                     cmd.arg(&r.hold.prefix);
                 }
