@@ -6,7 +6,8 @@
 #   bash scripts/bench_compare.sh [-n ROUNDS] BASE [NEW] [BENCH ...]
 #
 # BASE and NEW are git revisions; NEW defaults to the working tree ("."),
-# uncommitted changes included. BENCH defaults to "lock watchdog family".
+# uncommitted changes included. BENCH defaults to "lock watchdog family
+# handoff".
 # Each revision is built once (release, `cargo bench --no-run`) in a
 # worktree under target/bench-compare/; then ROUNDS rounds (default 2) run
 # every bench of both revisions, alternating which goes first. The output
@@ -24,7 +25,7 @@ if [ "${1:-}" = "-n" ]; then
     shift 2
 fi
 if [ $# -lt 1 ]; then
-    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 base=$1
@@ -35,7 +36,7 @@ if [ $# -gt 0 ] && { [ "$1" = "." ] || git rev-parse --verify -q "$1^{commit}" >
     shift
 fi
 benches=("$@")
-[ ${#benches[@]} -gt 0 ] || benches=(lock watchdog family)
+[ ${#benches[@]} -gt 0 ] || benches=(lock watchdog family handoff)
 
 work=$root/target/bench-compare
 out=$work/out
