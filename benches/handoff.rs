@@ -183,27 +183,37 @@ fn run_redlease(
         }
         Shape::Processes => {
             let exe = std::env::current_exe().expect("this bench's path");
-            let children: Vec<_> = (0..w)
-                .map(|_| {
-                    Command::new(&exe)
-                        .env(
-                            WAITER_ENV,
-                            format!("{}|{name}|{start}|{stop}", server.url()),
-                        )
-                        .stdout(Stdio::piped())
-                        .stderr(Stdio::inherit())
-                        .spawn()
-                        .expect("start a waiter process")
-                })
-                .collect();
-            let mut events = Vec::new();
-            for (me, child) in children.into_iter().enumerate() {
-                let out = child.wait_with_output().expect("waiter process");
-                events.extend(parse_events(&String::from_utf8_lossy(&out.stdout), me));
-            }
-            events
+            let spec = format!("{}|{name}|{start}|{stop}", server.url());
+            run_processes(w, 1, || {
+                let mut cmd = Command::new(&exe);
+                cmd.env(WAITER_ENV, &spec);
+                cmd
+            })
         }
     }
+}
+
+/// Starts `procs` waiter processes (`command` makes each, with `threads`
+/// waiters in it) and gathers their events, waiters numbered across them.
+fn run_processes(procs: usize, threads: usize, command: impl Fn() -> Command) -> Vec<Event> {
+    let children: Vec<_> = (0..procs)
+        .map(|_| {
+            command()
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("start a waiter process")
+        })
+        .collect();
+    let mut events = Vec::new();
+    for (p, child) in children.into_iter().enumerate() {
+        let out = child.wait_with_output().expect("a waiter process");
+        events.extend(parse_events(
+            &String::from_utf8_lossy(&out.stdout),
+            p * threads,
+        ));
+    }
+    events
 }
 
 /// A redlease waiter process: one waiter, its events on stdout.
@@ -272,33 +282,32 @@ fn run_peer(
     // client core): a longer lead before the common start.
     let start = now_ns() + 1_000_000_000 + 250_000_000 * procs as u128;
     let stop = start + span.as_nanos();
-    let children: Vec<_> = (0..procs)
-        .map(|_| {
-            Command::new(python)
-                .arg(&script)
-                .args([
-                    server.port().to_string(),
-                    name.to_owned(),
-                    start.to_string(),
-                    stop.to_string(),
-                    threads.to_string(),
-                ])
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("start the peer")
-        })
-        .collect();
-    let mut events = Vec::new();
-    for (p, child) in children.into_iter().enumerate() {
-        let out = child.wait_with_output().expect("peer process");
-        events.extend(parse_events(
-            &String::from_utf8_lossy(&out.stdout),
-            p * threads,
-        ));
-    }
+    let events = run_processes(procs, threads, || {
+        let mut cmd = Command::new(python);
+        cmd.arg(&script).args([
+            server.port().to_string(),
+            name.to_owned(),
+            start.to_string(),
+            stop.to_string(),
+            threads.to_string(),
+        ]);
+        cmd
+    });
     let _ = std::fs::remove_file(&script);
     events
+}
+
+/// The samples of one run's `events`, with a `DIAG:` line.
+fn sampled(what: &str, who: &str, events: &[Event]) -> Vec<Duration> {
+    let s = samples(events);
+    println!(
+        "DIAG: {what}: {who} {} acquisitions, {} samples, p50 {} ms, p99 {} ms",
+        events.len(),
+        s.len(),
+        support::ms(support::quantile(&s, 0.5)),
+        support::ms(support::quantile(&s, 0.99))
+    );
+    s
 }
 
 fn main() {
@@ -331,28 +340,16 @@ fn main() {
             let mut theirs = Vec::new();
             for round in 0..rounds {
                 let name = format!("bench:handoff:{w}:{shape:?}:{round}");
-                let events = run_redlease(&server, &name, w, shape, span);
-                let s = samples(&events);
-                println!(
-                    "DIAG: W={w} {shape:?} round {round}: redlease {} acquisitions, {} samples, p50 {} ms, p99 {} ms",
-                    events.len(),
-                    s.len(),
-                    support::ms(support::quantile(&s, 0.5)),
-                    support::ms(support::quantile(&s, 0.99))
-                );
-                ours.push(s);
+                let what = format!("W={w} {shape:?} round {round}");
+                ours.push(sampled(
+                    &what,
+                    "redlease",
+                    &run_redlease(&server, &name, w, shape, span),
+                ));
                 if let Ok(py) = &python {
                     let name = format!("bench:handoff-peer:{w}:{shape:?}:{round}");
                     let events = run_peer(py, &server, &name, w, shape, span);
-                    let s = samples(&events);
-                    println!(
-                        "DIAG: W={w} {shape:?} round {round}: python-redis-lock {} acquisitions, {} samples, p50 {} ms, p99 {} ms",
-                        events.len(),
-                        s.len(),
-                        support::ms(support::quantile(&s, 0.5)),
-                        support::ms(support::quantile(&s, 0.99))
-                    );
-                    theirs.push(s);
+                    theirs.push(sampled(&what, "python-redis-lock", &events));
                 }
             }
             rows.push((w, shape, ours, theirs));

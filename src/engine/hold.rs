@@ -1,7 +1,7 @@
 //! What one owner (a thread of a client) holds of one lock: the hold count,
 //! what is known of its lease on Redis, the watchdog's mark, and who is told
 //! when it is lost. Re-entries share one [`Hold`]; the watchdog's entry for
-//! it holds it weakly.
+//! it holds it too, until the hold is no longer watched.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Weak;
@@ -49,9 +49,10 @@ pub(crate) struct RenewToken {
     pub(crate) gen: Option<u64>,
 }
 
-/// Where a hold stands in the watchdog's schedule; read and written only
-/// under the watchdog's lock ([`Hold::sched`]). One hold has at most one
-/// entry, always.
+/// Where a hold stands in the watchdog's schedule. It sits under the hold's
+/// lease lock (one lock per hold per renewal pass), but is read and written
+/// only by code that holds the watchdog's lock as well ([`Hold::sched`],
+/// [`Hold::take_due`]). One hold has at most one entry, always.
 pub(crate) enum Sched {
     /// Not scheduled.
     Idle,
@@ -277,8 +278,9 @@ impl Hold {
         self.aborted();
     }
 
-    /// The hold's entry in the watchdog's schedule; lock it only under the
-    /// watchdog's own lock.
+    /// The hold's entry in the watchdog's schedule (the hold's lease lock,
+    /// taken for it); call it only with the watchdog's own lock held, and
+    /// never while holding this hold's lease lock already.
     pub(crate) fn sched(&self) -> MappedMutexGuard<'_, Sched> {
         MutexGuard::map(self.lease.lock(), |st| &mut st.sched)
     }

@@ -2,7 +2,7 @@
 //! every watched lock alive, whatever their number.
 //!
 //! The schedule is an ordered map from due times, rounded up to the
-//! millisecond, to buckets of entries; each entry points (weakly) at the
+//! millisecond, to buckets of entries; each entry holds the
 //! [`Hold`] it renews, which re-entries of one owner share, and carries that
 //! lock's own interval and lease. The locks of one batch come due together
 //! again, into one bucket: scheduling a renewal is a push, not a map

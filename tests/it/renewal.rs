@@ -208,14 +208,11 @@ fn read_holds_renew_their_hold_keys_and_are_gone_when_one_expired() {
                 .query(&mut conn)
                 .unwrap();
         }
-        let reply = run(
-            &mut conn,
-            script,
-            &["rw"],
-            &["0", "20000", "1", "r", OWNER, "1", "g7", &prefix],
-        )
-        .expect("renewal script");
-        assert!(pairs(reply).is_empty(), "the read hold was renewed");
+        let renew = |conn: &mut redis::Connection| {
+            let args = ["0", "20000", "1", "r", OWNER, "1", "g7", &prefix];
+            pairs(run(conn, script, &["rw"], &args).expect("renewal script"))
+        };
+        assert!(renew(&mut conn).is_empty(), "the read hold was renewed");
         assert!(pttl(&mut conn, "rw") > 10_000);
         assert!(pttl(&mut conn, &format!("{prefix}:2")) > 10_000);
         // One hold key gone: the read hold is lost.
@@ -223,14 +220,7 @@ fn read_holds_renew_their_hold_keys_and_are_gone_when_one_expired() {
             .arg(format!("{prefix}:2"))
             .query(&mut conn)
             .unwrap();
-        let reply = run(
-            &mut conn,
-            script,
-            &["rw"],
-            &["0", "20000", "1", "r", OWNER, "1", "g7", &prefix],
-        )
-        .expect("renewal script");
-        assert_eq!(pairs(reply), vec![(1, "0".to_owned())]);
+        assert_eq!(renew(&mut conn), vec![(1, "0".to_owned())]);
     });
 }
 
