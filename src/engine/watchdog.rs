@@ -586,6 +586,17 @@ impl Inner {
                         Some(sent + r.interval)
                     }
                     Some(Outcome::Renewed) => Some(retry(&r)),
+                    // A generation that reads as the one sent but is not
+                    // it (a shape this kind never writes), or none that
+                    // parses: not ours to adopt; renewing again at once
+                    // would only find it again.
+                    Some(Outcome::Stale(gen)) if gen == r.token.gen => {
+                        lost.push((
+                            Arc::clone(&r.hold),
+                            "its owner field carries a generation this client did not write",
+                        ));
+                        None
+                    }
                     Some(Outcome::Stale(gen)) if r.hold.adopt(r.token, gen) => Some(now),
                     Some(Outcome::Stale(_)) => Some(retry(&r)),
                     Some(Outcome::Gone) => {

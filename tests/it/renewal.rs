@@ -261,3 +261,51 @@ fn an_overwritten_key_loses_only_its_own_lock() {
     }
     assert_eq!(client.stats().locks_lost, 1);
 }
+
+/// Someone rewrites a held lock's generation field in a shape redlease never
+/// writes for that kind ("g<n>" on a plain lock): the renewal finds it
+/// stale, and again after taking the generation found. The lock is lost
+/// then, at once; before, the watchdog renewed it again without pause until
+/// the lease ran out (hundreds of round trips a second).
+#[test]
+fn a_foreign_generation_loses_the_lock_without_a_renewal_storm() {
+    let srv = RedisServer::start();
+    let client = redlease::Client::builder(srv.url())
+        .watchdog_timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let lock = client.lock("foreign-gen");
+    let guard = lock.lock().expect("lock");
+    let mut conn = srv.conn();
+    let fields: Vec<String> = redis::cmd("HKEYS")
+        .arg("foreign-gen")
+        .query(&mut conn)
+        .unwrap();
+    let gen_field = fields
+        .iter()
+        .find(|f| f.ends_with(":gen"))
+        .expect("the hash has the owner's generation field")
+        .clone();
+    let gen: String = redis::cmd("HGET")
+        .arg("foreign-gen")
+        .arg(&gen_field)
+        .query(&mut conn)
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg("foreign-gen")
+        .arg(&gen_field)
+        .arg(format!("g{gen}"))
+        .query(&mut conn)
+        .unwrap();
+    let before = client.stats().renewal_round_trips;
+    wait_until(
+        "the watchdog to report the lock with a foreign generation lost",
+        Duration::from_secs(5),
+        || guard.is_lost(),
+    );
+    let trips = client.stats().renewal_round_trips - before;
+    assert!(
+        trips <= 5,
+        "{trips} renewal round trips before the lock was found lost"
+    );
+}
