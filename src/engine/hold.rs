@@ -89,8 +89,9 @@ pub(crate) struct Hold {
     pub(crate) client_id: u64,
     /// The release channel (`scripts::channel_name`).
     pub(crate) channel: String,
-    /// Its key among this thread's holds ([`slot_key`]).
-    slot: String,
+    /// Its key among this thread's holds ([`slot_key`]) when that is not
+    /// the name (a write lock's): no second copy of the name per hold.
+    slot: Option<String>,
     /// Guards alive for this owner; changed only by the owning thread.
     count: AtomicU32,
     /// The watchdog's lease, while watched guards remain.
@@ -128,7 +129,8 @@ impl Hold {
             owner: owner_key(lock.field),
             kind: lock.kind,
             prefix: lock.hold_prefix(),
-            slot: slot_key(lock.name, lock.kind),
+            // `slot_key` is the name itself but for a write lock.
+            slot: (lock.kind == Kind::Write).then(|| slot_key(lock.name, lock.kind)),
             count: AtomicU32::new(0),
             watched: AtomicU32::new(0),
             watch_lease_ms: AtomicU64::new(0),
@@ -149,7 +151,7 @@ impl Hold {
 
     /// Its key among this thread's holds ([`slot_key`]).
     pub(crate) fn slot(&self) -> &str {
-        &self.slot
+        self.slot.as_deref().unwrap_or(&self.name)
     }
 
     /// A guard of the hold (`watched`: taken without a lease) is going:
