@@ -384,17 +384,8 @@ fn owner_key(field: &str) -> Option<(u64, bool)> {
         None => (rest, false),
     };
     // The digits exactly as the id prints them (no sign, no leading zero).
-    let n: u64 = id.parse().ok()?;
-    (itoa_len(n) == id.len() && id.bytes().all(|b| b.is_ascii_digit())).then_some((n, write))
-}
-
-fn itoa_len(mut n: u64) -> usize {
-    let mut len = 1;
-    while n >= 10 {
-        n /= 10;
-        len += 1;
-    }
-    len
+    let canonical = id.bytes().all(|b| b.is_ascii_digit()) && (id == "0" || !id.starts_with('0'));
+    Some((id.parse().ok().filter(|_| canonical)?, write))
 }
 
 /// The key of `name`'s holds of `kind` among a thread's holds: the name, or

@@ -1014,24 +1014,8 @@ struct RestArg<'a>(&'a Renewal);
 impl redis::ToRedisArgs for RestArg<'_> {
     fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
         match self.0.owner {
-            Some((id, write)) => {
-                let mut buf = [0u8; 26];
-                let mut at = buf.len();
-                if write {
-                    at -= 6;
-                    buf[at..].copy_from_slice(b":write");
-                }
-                let mut n = id;
-                loop {
-                    at -= 1;
-                    buf[at] = b'0' + (n % 10) as u8;
-                    n /= 10;
-                    if n == 0 {
-                        break;
-                    }
-                }
-                out.write_arg(&buf[at..]);
-            }
+            Some((id, false)) => id.write_redis_args(out),
+            Some((id, true)) => out.write_arg_fmt(format_args!("{id}:write")),
             None => out.write_arg(split_owner(&self.0.hold.field).1.as_bytes()),
         }
     }
