@@ -11,6 +11,7 @@ use crate::engine::waiting::{Attempt, Wait, Waiters};
 use crate::error::Result;
 use crate::kinds::guard::LockGuard;
 use crate::kinds::lock::{acquire_methods, until_acquired, Lock, Terms};
+use crate::kinds::lockable::lockable_by_inherent;
 use crate::scripts::{self, Kind, LockRef};
 use crate::time::duration_ms;
 
@@ -176,6 +177,8 @@ impl FairLock {
         self.lock.force_unlock()
     }
 }
+
+lockable_by_inherent!(FairLock, LockGuard);
 
 impl fmt::Debug for FairLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

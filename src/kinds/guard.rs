@@ -11,6 +11,7 @@ use crate::engine::owners::{is_latest, owner_state, remove_hold, settle};
 use crate::engine::shared::Shared;
 use crate::engine::unsettled::{keys, Lost, Unsettled};
 use crate::error::{Error, Result};
+use crate::kinds::lockable::LeaseGuard;
 use crate::net::pool::Synced;
 use crate::scripts;
 
@@ -386,6 +387,28 @@ pub(crate) enum Release {
     Done(Result<()>),
     /// A request to send, then [`LockGuard::end_release`].
     Send(ReleaseStep),
+}
+
+impl LeaseGuard for LockGuard {
+    fn name(&self) -> &str {
+        LockGuard::name(self)
+    }
+
+    fn is_lost(&self) -> bool {
+        LockGuard::is_lost(self)
+    }
+
+    fn ensure_held(&self) -> Result<()> {
+        LockGuard::ensure_held(self)
+    }
+
+    fn valid_until(&self) -> Instant {
+        LockGuard::valid_until(self)
+    }
+
+    fn unlock(self) -> Result<()> {
+        LockGuard::unlock(self)
+    }
 }
 
 impl Drop for LockGuard {

@@ -13,6 +13,7 @@ pub(crate) use crate::engine::waiting::{Attempt, Wait};
 use crate::engine::watchdog::MIN_RENEW_INTERVAL;
 use crate::error::{Error, Result};
 use crate::kinds::guard::LockGuard;
+use crate::kinds::lockable::lockable_by_inherent;
 use crate::net::pool::Synced;
 use crate::net::pubsub::{Subscription, WakeRule};
 use crate::net::router::Router;
@@ -800,6 +801,8 @@ impl Lock {
         Ok(Attempt::Acquired(guard))
     }
 }
+
+lockable_by_inherent!(Lock, LockGuard);
 
 impl fmt::Debug for Lock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -3,6 +3,8 @@
 //! hold), and reuse runs from a derived kind to its base, never back.
 //!
 //! Bottom up (a file imports only those before it):
+//! - `lockable`: the traits every lock kind (`Lockable`) and every guard
+//!   of one (`LeaseGuard`) implement;
 //! - `guard`: `LockGuard`, the guard of every hash lock, and the release
 //!   protocol;
 //! - `lock`: `Lock`, the reentrant lock (plain and fenced) and the base of
@@ -21,6 +23,7 @@ pub(crate) mod fair;
 pub(crate) mod guard;
 pub(crate) mod latch;
 pub(crate) mod lock;
+pub(crate) mod lockable;
 pub(crate) mod multi;
 pub(crate) mod rwlock;
 pub(crate) mod semaphore;

@@ -20,6 +20,7 @@ use crate::engine::waiting::failed_recheck;
 use crate::error::{Error, Result};
 use crate::kinds::guard::{LockGuard, Release};
 use crate::kinds::lock::{Attempt, Lock, Request, Terms, Wait};
+use crate::kinds::lockable::{lockable_by_inherent, LeaseGuard};
 use crate::net::node::Node;
 use crate::net::pool::{fan_out, Job, Synced};
 use crate::net::pubsub::{Notify, Subscription, Wake};
@@ -98,7 +99,7 @@ struct Group {
 type LostCallback = Arc<dyn Fn(&str) + Send + Sync + 'static>;
 
 /// Counts a guard's members as their clients report them lost, and calls the
-/// lock's `on_lost` callback once too few are left.
+/// lock's `on_lock_lost` callback once too few are left.
 struct LossWatch {
     lost: std::sync::atomic::AtomicUsize,
     held: usize,
@@ -120,7 +121,7 @@ impl LostListener for LossWatch {
             }))
             .is_err()
             {
-                log::error!("redlease: an on_lost callback panicked");
+                log::error!("redlease: an on_lock_lost callback panicked");
             }
         }
     }
@@ -215,7 +216,7 @@ macro_rules! acquire_methods {
         /// that simply runs out calls nothing (check
         /// [`MultiGuard::ensure_held`]). `f` runs on a watchdog thread: keep
         /// it short.
-        pub fn on_lost(mut self, f: impl Fn(&str) + Send + Sync + 'static) -> Self {
+        pub fn on_lock_lost(mut self, f: impl Fn(&str) + Send + Sync + 'static) -> Self {
             self.group.on_lost = Some(Arc::new(f));
             self
         }
@@ -502,7 +503,6 @@ impl Group {
         let lease = Duration::from_millis(lease_ms);
         let drift = lease / 100 + Duration::from_millis(2);
         let elapsed = round.sent.elapsed();
-        let valid_until = round.sent + lease.saturating_sub(drift);
         let in_time = !self.redlock || elapsed + drift < lease;
         if round.guards.len() >= self.needed && in_time {
             let watch = self.on_lost.as_ref().map(|cb| {
@@ -524,7 +524,6 @@ impl Group {
                 guards: round.guards,
                 members: n,
                 needed: self.needed,
-                valid_until: self.redlock.then_some(valid_until),
                 drift: if self.redlock { drift } else { Duration::ZERO },
                 name: self.name(),
                 _watch: watch,
@@ -689,9 +688,6 @@ pub struct MultiGuard {
     guards: Vec<LockGuard>,
     members: usize,
     needed: usize,
-    /// A RedLock's validity: the acquisition's send time plus the lease less
-    /// the clock drift allowance (renewals extend the members, not this).
-    valid_until: Option<Instant>,
     /// A RedLock's clock-drift allowance (zero for a MultiLock).
     drift: Duration,
     name: String,
@@ -720,10 +716,17 @@ impl MultiGuard {
         self.needed
     }
 
-    /// Members of the lock.
+    /// How many members the lock has (a count; the member locks themselves
+    /// are [`RedLock::members`] / [`MultiLock::members`]).
     #[must_use]
-    pub fn members(&self) -> usize {
+    pub fn member_count(&self) -> usize {
         self.members
+    }
+
+    /// The lock's name: its members' names, comma-separated.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// `true` once fewer members than needed are held: a RedLock that lost
@@ -748,11 +751,50 @@ impl MultiGuard {
         Ok(())
     }
 
-    /// A RedLock's validity as the algorithm defines it at acquisition
-    /// (send time + lease − drift); `None` for a MultiLock.
+    /// Until when enough members are known to be held: for a MultiLock the
+    /// earliest of its members' [`LockGuard::valid_until`]; for a RedLock
+    /// the latest instant by which a majority is still within its lease,
+    /// less the clock-drift allowance (1 % of the lease + 2 ms). Right after
+    /// acquisition that is the RedLock algorithm's validity (send time +
+    /// lease − drift); the members' renewals move it on. Members found lost
+    /// do not count (once too few are left, [`is_lost`](Self::is_lost) is
+    /// true and this is the earliest member's bound).
+    ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// # let (a, b, c) = (redlease::Client::open("redis://10.0.0.1/")?,
+    /// #     redlease::Client::open("redis://10.0.0.2/")?, redlease::Client::open("redis://10.0.0.3/")?);
+    /// use std::time::Duration;
+    /// let red = redlease::RedLock::new(vec![a.lock("job"), b.lock("job"), c.lock("job")])?;
+    /// let guard = red.lock_with_lease(Duration::from_secs(10))?;
+    /// let left = guard.valid_until().saturating_duration_since(std::time::Instant::now());
+    /// assert!(left < Duration::from_secs(10)); // the drift allowance is taken off
+    /// # Ok(()) }
+    /// ```
     #[must_use]
-    pub fn acquired_validity(&self) -> Option<Instant> {
-        self.valid_until
+    pub fn valid_until(&self) -> Instant {
+        let mut bounds: Vec<Instant> = self
+            .guards
+            .iter()
+            .filter(|g| !g.is_lost())
+            .map(|g| {
+                let until = g.valid_until();
+                until.checked_sub(self.drift).unwrap_or(until)
+            })
+            .collect();
+        if self.needed == 0 || bounds.len() < self.needed {
+            return self
+                .guards
+                .iter()
+                .map(LockGuard::valid_until)
+                .min()
+                .map_or_else(Instant::now, |until| {
+                    until.checked_sub(self.drift).unwrap_or(until)
+                });
+        }
+        // The needed-th latest bound: until then, `needed` members hold.
+        bounds.sort_unstable_by(|a, b| b.cmp(a));
+        bounds[self.needed - 1]
     }
 
     /// Releases every member, attempting each; reports the first error (a
@@ -766,6 +808,31 @@ impl MultiGuard {
         release_all(std::mem::take(&mut self.guards))
     }
 }
+
+impl LeaseGuard for MultiGuard {
+    fn name(&self) -> &str {
+        MultiGuard::name(self)
+    }
+
+    fn is_lost(&self) -> bool {
+        MultiGuard::is_lost(self)
+    }
+
+    fn ensure_held(&self) -> Result<()> {
+        MultiGuard::ensure_held(self)
+    }
+
+    fn valid_until(&self) -> Instant {
+        MultiGuard::valid_until(self)
+    }
+
+    fn unlock(self) -> Result<()> {
+        MultiGuard::unlock(self)
+    }
+}
+
+lockable_by_inherent!(RedLock, MultiGuard);
+lockable_by_inherent!(MultiLock, MultiGuard);
 
 impl Drop for MultiGuard {
     fn drop(&mut self) {

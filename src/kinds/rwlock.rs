@@ -9,6 +9,7 @@ use crate::engine::shared::Shared;
 use crate::error::Result;
 use crate::kinds::guard::LockGuard;
 use crate::kinds::lock::{acquire_methods, Lock};
+use crate::kinds::lockable::lockable_by_inherent;
 use crate::scripts::Kind;
 
 /// A distributed read-write lock, shared with Redisson's `RReadWriteLock` on
@@ -195,6 +196,9 @@ impl WriteLock {
         self.lock.lock_with_lease(lease)
     }
 }
+
+lockable_by_inherent!(ReadLock, LockGuard);
+lockable_by_inherent!(WriteLock, LockGuard);
 
 impl fmt::Debug for ReadLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -22,6 +22,7 @@ mod faults_stall;
 mod fenced;
 mod latch;
 mod lock;
+mod lockable;
 mod redisson_interop;
 mod redlock;
 mod renewal;

@@ -425,7 +425,7 @@ fn on_lost_fires_once_the_majority_is_gone() {
     let fired = Arc::new(AtomicU32::new(0));
     let f = Arc::clone(&fired);
     let g = red(&a, "red:cb")
-        .on_lost(move |name| {
+        .on_lock_lost(move |name| {
             assert_eq!(name, "red:cb");
             f.fetch_add(1, Ordering::SeqCst);
         })
@@ -502,10 +502,20 @@ fn multilock_needs_one_connection_per_node_not_per_member() {
 fn redlock_validity_leaves_room_for_clock_drift() {
     let servers = masters(3);
     let a = clients(&urls(&servers));
+    let before = Instant::now();
     let g = red(&a, "red:validity")
         .lock_with_lease(Duration::from_millis(1000))
         .expect("lock");
-    let validity = g.acquired_validity().expect("a RedLock's validity");
+    let after = Instant::now();
+    // Send time + lease - drift (1 % + 2 ms = 12 ms), from some member's
+    // send time between the two instants.
+    let validity = g.valid_until();
+    assert!(
+        validity >= before + Duration::from_millis(988)
+            && validity <= after + Duration::from_millis(988),
+        "validity {:?} after the call began, not the lease less 12 ms",
+        validity - before
+    );
     g.ensure_held().expect("inside the validity");
     while Instant::now() < validity + Duration::from_millis(1) {
         thread::sleep(Duration::from_millis(1));
