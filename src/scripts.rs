@@ -476,7 +476,7 @@ pub(crate) fn semaphore_acquire(
     conn: &mut crate::net::transport::Connection,
     sem: SemaphoreRef<'_>,
     marker: &str,
-    permits: u32,
+    permits: u64,
     field: &str,
 ) -> RedisResult<i64> {
     SEMAPHORE_ACQUIRE.run(conn, 3, |cmd| {

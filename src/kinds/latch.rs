@@ -159,7 +159,7 @@ impl CountDownLatch {
     /// [`count`](Self::count)); a Redis or pool error, or Redis refusing
     /// the subscription.
     pub fn wait(&self) -> Result<()> {
-        self.wait_until(None).map(|_| ())
+        self.wait_deadline(None).map(|_| ())
     }
 
     /// Waits up to `timeout` for the count to reach zero; `true` if it did.
@@ -168,10 +168,33 @@ impl CountDownLatch {
     ///
     /// As for [`wait`](Self::wait).
     pub fn wait_for(&self, timeout: Duration) -> Result<bool> {
-        self.wait_until(Instant::now().checked_add(timeout))
+        self.wait_deadline(Instant::now().checked_add(timeout))
     }
 
-    fn wait_until(&self, deadline: Option<Instant>) -> Result<bool> {
+    /// Waits until `deadline` at the latest for the count to reach zero;
+    /// `true` if it did (a deadline already past still reads the count
+    /// once).
+    ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+    /// use std::time::{Duration, Instant};
+    /// // One deadline for several waits: the latch, then a lock.
+    /// let deadline = Instant::now() + Duration::from_secs(10);
+    /// if client.count_down_latch("workers:ready").wait_until(deadline)? {
+    ///     let _guard = client.lock("start").try_lock_until(deadline)?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As for [`wait`](Self::wait).
+    pub fn wait_until(&self, deadline: Instant) -> Result<bool> {
+        self.wait_deadline(Some(deadline))
+    }
+
+    fn wait_deadline(&self, deadline: Option<Instant>) -> Result<bool> {
         self.check_name()?;
         // The acquire loop every kind waits in: the count is read, and read
         // again after subscribing (a count-down in between is seen), then

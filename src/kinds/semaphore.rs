@@ -247,13 +247,13 @@ impl Names {
     }
 }
 
-fn check_wanted(n: u32) -> Result<()> {
+fn check_wanted(n: u64) -> Result<()> {
     if n == 0 {
         return Err(Error::invalid(
             "0 permits asked for: acquire or release at least 1",
         ));
     }
-    Ok(())
+    check_count("permits", n)
 }
 
 /// A distributed counting semaphore, shared with Redisson's `RSemaphore` on
@@ -353,12 +353,12 @@ impl Semaphore {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for 0 permits or an empty name; a Redis
+    /// [`Error::InvalidArgument`] for 0 permits, more than 2^53 or an empty name; a Redis
     /// or pool error, after which the release may or may not have happened
     /// (unlike a guard's release, it is not idempotent, as in Redisson).
-    pub fn release(&self, permits: u32) -> Result<()> {
+    pub fn release(&self, permits: u64) -> Result<()> {
         check_wanted(permits)?;
-        self.names.add_permits(i64::from(permits)).map(|_| ())
+        self.names.add_permits(permits.cast_signed()).map(|_| ())
     }
 
     /// Deletes the semaphore (its count and redlease's records of the
@@ -385,11 +385,11 @@ impl Semaphore {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for 0 permits or an empty name; a Redis
+    /// [`Error::InvalidArgument`] for 0 permits, more than 2^53 or an empty name; a Redis
     /// or pool error ([`Error::ReplicaSync`] when replica sync could not
     /// confirm it). A failed call never leaves permits out in the caller's
     /// name: one that may have been taken is returned in the background.
-    pub fn acquire(&self, permits: u32) -> Result<SemaphorePermits> {
+    pub fn acquire(&self, permits: u64) -> Result<SemaphorePermits> {
         loop {
             if let Some(p) = self.acquire_until(permits, Wait::Forever)? {
                 return Ok(p);
@@ -402,7 +402,7 @@ impl Semaphore {
     /// # Errors
     ///
     /// As for [`acquire`](Self::acquire).
-    pub fn try_acquire(&self, permits: u32) -> Result<Option<SemaphorePermits>> {
+    pub fn try_acquire(&self, permits: u64) -> Result<Option<SemaphorePermits>> {
         self.acquire_until(permits, Wait::No)
     }
 
@@ -424,7 +424,7 @@ impl Semaphore {
     /// As for [`acquire`](Self::acquire).
     pub fn try_acquire_for(
         &self,
-        permits: u32,
+        permits: u64,
         wait: Duration,
     ) -> Result<Option<SemaphorePermits>> {
         self.acquire_until(permits, Wait::after(wait))
@@ -437,13 +437,13 @@ impl Semaphore {
     /// As for [`acquire`](Self::acquire).
     pub fn try_acquire_until(
         &self,
-        permits: u32,
+        permits: u64,
         deadline: Instant,
     ) -> Result<Option<SemaphorePermits>> {
         self.acquire_until(permits, Wait::Until(deadline))
     }
 
-    fn acquire_until(&self, permits: u32, wait: Wait) -> Result<Option<SemaphorePermits>> {
+    fn acquire_until(&self, permits: u64, wait: Wait) -> Result<Option<SemaphorePermits>> {
         check_wanted(permits)?;
         self.names.check()?;
         let names = &self.names;
@@ -452,7 +452,7 @@ impl Semaphore {
             .acquire(wait.deadline(), || names.synced(|| self.attempt(permits)))
     }
 
-    fn attempt(&self, permits: u32) -> Result<Attempt<SemaphorePermits>> {
+    fn attempt(&self, permits: u64) -> Result<Attempt<SemaphorePermits>> {
         let names = &self.names;
         let shared = names.shared();
         let n = shared.next_request();
@@ -539,14 +539,14 @@ impl fmt::Debug for Semaphore {
 pub struct SemaphorePermits {
     sem: Semaphore,
     field: String,
-    permits: u32,
+    permits: u64,
     done: bool,
 }
 
 impl SemaphorePermits {
     /// How many permits this guard holds.
     #[must_use]
-    pub fn permits(&self) -> u32 {
+    pub fn permits(&self) -> u64 {
         self.permits
     }
 

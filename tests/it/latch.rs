@@ -79,7 +79,7 @@ fn deleting_the_latch_wakes_its_waiters() {
 }
 
 #[test]
-fn wait_for_times_out_and_bad_input_is_refused() {
+fn wait_for_and_wait_until_time_out_and_bad_input_is_refused() {
     let srv = RedisServer::start();
     let c = Client::open(srv.url()).expect("client");
     let latch = c.count_down_latch("batch");
@@ -90,6 +90,23 @@ fn wait_for_times_out_and_bad_input_is_refused() {
         .wait_for(Duration::from_millis(200))
         .expect("wait_for"));
     assert!(started.elapsed() >= Duration::from_millis(200));
+    let deadline = Instant::now() + Duration::from_millis(200);
+    assert!(!latch.wait_until(deadline).expect("wait_until"));
+    assert!(
+        Instant::now() >= deadline,
+        "wait_until returned before its deadline"
+    );
+    assert!(
+        !latch.wait_until(Instant::now()).expect("a past deadline"),
+        "a deadline already past still reads the count: 1"
+    );
+    latch.count_down().expect("down");
+    assert!(
+        latch
+            .wait_until(Instant::now() + Duration::from_secs(10))
+            .expect("wait_until, open"),
+        "the count is zero"
+    );
     let e = latch.try_set_count(0).expect_err("zero");
     assert!(e.is_invalid_argument(), "{e}");
     let e = c.count_down_latch("").count().expect_err("empty name");

@@ -83,8 +83,8 @@ fn semaphore_never_hands_out_more_permits_than_set() {
     assert!(sem.try_set_permits(3).expect("set"));
     assert!(!sem.try_set_permits(5).expect("set again"), "it exists");
     never_over_the_limit(&srv, 3, 8, 40, |c, n| {
-        let p = c.semaphore("pool").acquire(n as u32).expect("acquire");
-        assert_eq!(p.permits(), n as u32);
+        let p = c.semaphore("pool").acquire(n as u64).expect("acquire");
+        assert_eq!(p.permits(), n as u64);
         (n, Box::new(move || p.release().expect("release")))
     });
     assert_eq!(sem.available_permits().expect("available"), 3);
@@ -212,6 +212,9 @@ fn bad_input_is_refused_with_a_clear_error() {
     assert!(msg.contains("at least 1"), "{msg}");
     invalid(sem.try_acquire(0).map(drop), "try_acquire 0");
     invalid(sem.release(0), "release 0");
+    invalid(sem.acquire((1 << 53) + 1).map(drop), "acquire too many");
+    invalid(sem.try_acquire(u64::MAX).map(drop), "try_acquire u64::MAX");
+    invalid(sem.release(u64::MAX), "release u64::MAX");
     invalid(sem.try_set_permits((1 << 53) + 1).map(drop), "too many");
     invalid(sem.add_permits(i64::MIN), "too large a change");
     let msg = invalid(c.semaphore("").acquire(1).map(drop), "empty name");
