@@ -923,6 +923,15 @@ macro_rules! acquire_methods {
         pub fn is_held_by_current_thread(&self) -> Result<bool> {
             self.lock.is_held_by_current_thread()
         }
+
+        #[doc = concat!("The remaining lease of the ", $kind, " lock's key (see [`Lock::remaining_lease`]): `None` if nobody holds it.")]
+        ///
+        /// # Errors
+        ///
+        /// Empty name, or a Redis or pool error.
+        pub fn remaining_lease(&self) -> Result<Option<Duration>> {
+            self.lock.remaining_lease()
+        }
     };
 }
 

@@ -207,6 +207,83 @@ macro_rules! acquire_methods {
             &self.group.members
         }
 
+        /// `true` if the lock cannot be taken now because members are held
+        /// (by anyone, this thread included): a MultiLock when any member
+        /// is held, a RedLock when too few members are free for a majority.
+        /// One round trip per member.
+        ///
+        /// # Errors
+        ///
+        /// The first member's error (as for [`Lock::is_locked`]).
+        pub fn is_locked(&self) -> Result<bool> {
+            Ok(self.group.remaining_lease()?.is_some())
+        }
+
+        /// How many times this thread holds the lock: the hold count that
+        /// the needed members (all of a MultiLock's, a majority of a
+        /// RedLock's) each have at least, as Redis records it; 0 if it is
+        /// not held.
+        ///
+        /// # Errors
+        ///
+        /// The first member's error (as for [`Lock::hold_count`]).
+        pub fn hold_count(&self) -> Result<u32> {
+            let mut counts = self
+                .group
+                .members
+                .iter()
+                .map(Lock::hold_count)
+                .collect::<Result<Vec<u32>>>()?;
+            counts.sort_unstable_by(|a, b| b.cmp(a));
+            Ok(counts.get(self.group.needed - 1).copied().unwrap_or(0))
+        }
+
+        /// `true` if this thread holds the needed members (all of a
+        /// MultiLock's, a majority of a RedLock's), as Redis records it.
+        ///
+        /// # Errors
+        ///
+        /// As for [`hold_count`](Self::hold_count).
+        pub fn is_held_by_current_thread(&self) -> Result<bool> {
+            Ok(self.hold_count()? > 0)
+        }
+
+        /// How long the members' holders keep the lock from being taken, at
+        /// most: `None` if it is not locked (see
+        /// [`is_locked`](Self::is_locked)), else the time until enough
+        /// members' leases run out (a MultiLock: the longest; a RedLock:
+        /// until a majority is free), `Duration::MAX` if that takes a
+        /// member held without a lease.
+        ///
+        /// # Errors
+        ///
+        /// The first member's error (as for [`Lock::remaining_lease`]).
+        pub fn remaining_lease(&self) -> Result<Option<Duration>> {
+            self.group.remaining_lease()
+        }
+
+        /// Deletes every member whoever holds it, waking their waiters;
+        /// `true` if any was held. The former holders' guards report the loss
+        /// at their next renewal, check or release.
+        ///
+        /// # Errors
+        ///
+        /// The first member's error, after every member was tried (as for
+        /// [`Lock::force_unlock`]).
+        pub fn force_unlock(&self) -> Result<bool> {
+            let mut any = false;
+            let mut first_error = None;
+            for m in &self.group.members {
+                match m.force_unlock() {
+                    Ok(held) => any |= held,
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                    }
+                }
+            }
+            first_error.map_or(Ok(any), Err)
+        }
+
         /// Calls `f` (with the members' names, comma-separated) once a guard
         /// of this lock is lost: fewer members than needed are still held,
         /// as the members' clients find out (a renewal that finds a member
@@ -335,6 +412,23 @@ impl Group {
             }
         }
         names.join(",")
+    }
+
+    /// Until enough members are free for the lock to be taken: `None` if
+    /// they are now (see `is_locked`).
+    fn remaining_lease(&self) -> Result<Option<Duration>> {
+        let mut held = self
+            .members
+            .iter()
+            .filter_map(|m| m.remaining_lease().transpose())
+            .collect::<Result<Vec<Duration>>>()?;
+        let free = self.members.len() - held.len();
+        // Members that must come free: the lock needs `needed` free ones.
+        let Some(more) = self.needed.checked_sub(free).filter(|&n| n > 0) else {
+            return Ok(None);
+        };
+        held.sort_unstable();
+        Ok(held.get(more - 1).copied())
     }
 
     fn terms(&self, lease: Option<Duration>) -> Result<Vec<Terms>> {

@@ -105,11 +105,7 @@ impl ReadWriteLock {
     ///
     /// Empty name, or a Redis or pool error.
     pub fn is_write_locked(&self) -> Result<bool> {
-        crate::engine::shared::check_name("lock", self.name(), self.read.router())?;
-        let mode: Option<String> = self.read.router().run(self.name(), |c| {
-            redis::cmd("HGET").arg(self.name()).arg("mode").query(c)
-        })?;
-        Ok(mode.as_deref() == Some("write"))
+        Ok(mode(&self.read)?.as_deref() == Some("write"))
     }
 
     /// Deletes the lock whoever holds it and wakes every waiter; `true` if
@@ -122,6 +118,14 @@ impl ReadWriteLock {
     pub fn force_unlock(&self) -> Result<bool> {
         self.write.force_unlock()
     }
+}
+
+/// The read-write lock's mode (`read`, `write`), `None` when free.
+fn mode(lock: &Lock) -> Result<Option<String>> {
+    crate::engine::shared::check_name("lock", lock.name(), lock.router())?;
+    lock.router().run(lock.name(), |c| {
+        redis::cmd("HGET").arg(lock.name()).arg("mode").query(c)
+    })
 }
 
 impl fmt::Debug for ReadWriteLock {
@@ -161,6 +165,16 @@ impl ReadLock {
     pub fn lock_with_lease(&self, lease: Duration) -> Result<LockGuard> {
         self.lock.lock_with_lease(lease)
     }
+
+    /// `true` if anyone holds the lock for reading (as Redisson's
+    /// `RReadLock.isLocked`: the mode is `read`).
+    ///
+    /// # Errors
+    ///
+    /// Empty name, or a Redis or pool error.
+    pub fn is_locked(&self) -> Result<bool> {
+        Ok(mode(&self.lock)?.as_deref() == Some("read"))
+    }
 }
 
 /// The write lock of a [`ReadWriteLock`]: one writer, no readers (but the
@@ -194,6 +208,16 @@ impl WriteLock {
     /// As for [`lock`](Self::lock), and for [`Lock::lock_with_lease`].
     pub fn lock_with_lease(&self, lease: Duration) -> Result<LockGuard> {
         self.lock.lock_with_lease(lease)
+    }
+
+    /// `true` if anyone holds the lock for writing (as Redisson's
+    /// `RWriteLock.isLocked`; see [`ReadWriteLock::is_write_locked`]).
+    ///
+    /// # Errors
+    ///
+    /// Empty name, or a Redis or pool error.
+    pub fn is_locked(&self) -> Result<bool> {
+        Ok(mode(&self.lock)?.as_deref() == Some("write"))
     }
 }
 

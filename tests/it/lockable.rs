@@ -142,3 +142,106 @@ fn lock_kinds_of_several_types_share_one_list() {
         "the write lock was released"
     );
 }
+
+/// The queries a plain lock has, on the kinds where they make sense, read
+/// from Redis: free, held by this thread (twice), force-unlocked.
+#[test]
+fn every_lock_kind_answers_the_plain_locks_queries() {
+    let srv = RedisServer::start();
+    let (a, b) = (client(&srv), client(&srv));
+    let lease = |left: Option<Duration>, what: &str| {
+        let left = left.unwrap_or_else(|| panic!("{what}: held, but no lease left"));
+        assert!(
+            left > LEASE / 2 && left <= LEASE,
+            "{what}: remaining lease {left:?} not about the watchdog lease"
+        );
+    };
+
+    let fair = a.fair_lock("q:fair");
+    assert_eq!(fair.remaining_lease().expect("fair"), None, "fair: free");
+    let g1 = fair.lock().expect("fair lock");
+    let g2 = fair.lock().expect("fair re-entry");
+    assert!(fair.is_locked().expect("fair"));
+    assert_eq!(fair.hold_count().expect("fair"), 2);
+    assert!(fair.is_held_by_current_thread().expect("fair"));
+    lease(fair.remaining_lease().expect("fair"), "fair");
+    drop((g2, g1));
+
+    let rw = a.read_write_lock("q:rw");
+    let (read, write) = (rw.read_lock(), rw.write_lock());
+    assert!(!read.is_locked().expect("read") && !write.is_locked().expect("write"));
+    let r = read.lock().expect("read lock");
+    assert!(read.is_locked().expect("read"), "read-locked");
+    assert!(!write.is_locked().expect("write"), "not write-locked");
+    assert_eq!(read.hold_count().expect("read"), 1);
+    assert_eq!(write.hold_count().expect("write"), 0);
+    lease(read.remaining_lease().expect("read"), "read");
+    drop(r);
+    let w = write.lock().expect("write lock");
+    assert!(write.is_locked().expect("write") && !read.is_locked().expect("read"));
+    assert!(write.is_held_by_current_thread().expect("write"));
+    lease(write.remaining_lease().expect("write"), "write");
+    drop(w);
+    assert_eq!(write.remaining_lease().expect("write"), None, "free again");
+
+    // A MultiLock is locked when any member is; held when all are.
+    let multi =
+        |c: &Client| MultiLock::new(vec![c.lock("q:m:1"), c.lock("q:m:2")]).expect("MultiLock");
+    let (ma, mb) = (multi(&a), multi(&b));
+    assert!(!ma.is_locked().expect("multi") && ma.remaining_lease().expect("multi").is_none());
+    let one = b
+        .lock("q:m:2")
+        .lock_with_lease(Duration::from_secs(5))
+        .expect("one member");
+    assert!(ma.is_locked().expect("multi"), "a member is held");
+    assert!(
+        !mb.is_held_by_current_thread().expect("multi"),
+        "one member is not all"
+    );
+    assert_eq!(mb.hold_count().expect("multi"), 0);
+    let left = ma.remaining_lease().expect("multi").expect("locked");
+    assert!(
+        left <= Duration::from_secs(5),
+        "the held member's lease: {left:?}"
+    );
+    drop(one);
+    let g = ma.lock().expect("multi lock");
+    let g2 = ma.lock().expect("multi re-entry");
+    assert_eq!(ma.hold_count().expect("multi"), 2);
+    assert!(ma.is_held_by_current_thread().expect("multi"));
+    lease(ma.remaining_lease().expect("multi"), "multi");
+    assert!(mb.force_unlock().expect("force"), "it was held");
+    assert!(
+        !ma.is_locked().expect("multi"),
+        "force_unlock freed every member"
+    );
+    assert!(!mb.force_unlock().expect("force"), "nothing left to delete");
+    drop((g2, g));
+
+    // A RedLock is locked when too few members are free for a majority.
+    let masters: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let cs: Vec<Client> = masters.iter().map(client).collect();
+    let red = RedLock::new(cs.iter().map(|c| c.lock("q:red")).collect()).expect("RedLock");
+    let other = client(&masters[0]);
+    let minority = other
+        .lock("q:red")
+        .lock_with_lease(Duration::from_secs(5))
+        .expect("one");
+    assert!(
+        !red.is_locked().expect("red"),
+        "two of three masters are free"
+    );
+    assert_eq!(red.remaining_lease().expect("red"), None);
+    let g = red.lock().expect("red lock");
+    assert!(red.is_locked().expect("red"));
+    assert!(
+        red.is_held_by_current_thread().expect("red"),
+        "a majority is ours"
+    );
+    assert_eq!(red.hold_count().expect("red"), 1);
+    // Free once the sooner of our two members' leases runs out.
+    lease(red.remaining_lease().expect("red"), "red");
+    drop(g);
+    drop(minority);
+    assert!(!red.is_locked().expect("red"));
+}
