@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::engine::shared::{check_lease, Shared};
+use crate::engine::shared::{check_lease, check_max_hold, Shared};
 use crate::engine::watchdog::{LostCallback, MIN_RENEW_INTERVAL};
 use crate::error::{Error, Result};
 use crate::kinds::expirable::ExpirableSemaphore;
@@ -355,6 +355,7 @@ pub struct ClientBuilder {
     connection_timeout: Duration,
     response_timeout: Duration,
     watchdog_timeout: Duration,
+    max_hold: Option<Duration>,
     retry_attempts: u32,
     sync: SyncReplicas,
     on_lock_lost: Option<LostCallback>,
@@ -388,6 +389,7 @@ impl ClientBuilder {
             connection_timeout: Duration::from_secs(2),
             response_timeout: Duration::from_secs(2),
             watchdog_timeout: Duration::from_secs(30),
+            max_hold: None,
             retry_attempts: 3,
             sync: SyncReplicas {
                 min: 1,
@@ -548,6 +550,31 @@ impl ClientBuilder {
         self
     }
 
+    /// The longest any lock of this client may be held (default: none, the
+    /// watchdog renews a lock for as long as its guard lives). Past it, the
+    /// watchdog stops renewing the hold: its lease runs out at that moment
+    /// (each renewal extends it at most up to the cap), the guard reports
+    /// it lost and [`on_lock_lost`](Self::on_lock_lost) is called, as for
+    /// any lost lock. A stuck holder then frees the lock instead of keeping
+    /// it forever. Counted from the hold's first acquisition (re-entries do
+    /// not restart it); a fixed lease longer than the cap is refused with
+    /// [`Error::InvalidArgument`]. One lock can set its own with
+    /// [`Lock::with_max_hold`](crate::Lock::with_max_hold).
+    ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// use std::time::Duration;
+    /// let client = redlease::Client::builder("redis://127.0.0.1/")
+    ///     .max_hold(Duration::from_secs(300)) // no job holds a lock longer
+    ///     .on_lock_lost(|name: &str| log::error!("{name}: lost or held too long"))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
     /// Called with the lock's name when a held lock is found lost: by the
     /// watchdog (deleted, expired, or not renewable before its lease ran out)
     /// or by its owner thread taking it again. Runs outside any lock of
@@ -635,6 +662,7 @@ impl ClientBuilder {
             )));
         }
         check_lease("watchdog_timeout", self.watchdog_timeout)?;
+        check_max_hold(self.max_hold)?;
         if self.watchdog_timeout <= MIN_RENEW_INTERVAL * 2 {
             return Err(Error::invalid(format!(
                 "watchdog_timeout {:?} is too short to renew: use more than {:?}",
@@ -666,6 +694,7 @@ impl ClientBuilder {
             router,
             server,
             self.watchdog_timeout,
+            self.max_hold,
             self.response_timeout,
             self.on_lock_lost,
         );

@@ -142,6 +142,7 @@ pub use crate::kinds::latch::CountDownLatch;
 pub use crate::kinds::lock::Lock;
 pub use crate::kinds::lockable::{LeaseGuard, Lockable};
 pub use crate::kinds::multi::{MultiGuard, MultiLock, RedLock};
+pub use crate::kinds::owned::{OwnedLock, OwnedLockGuard};
 pub use crate::kinds::rwlock::{ReadLock, ReadWriteLock, WriteLock};
 pub use crate::kinds::semaphore::{Semaphore, SemaphorePermits, PERMIT_RECHECK};
 

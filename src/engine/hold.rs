@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
 
 use crate::scripts::{Kind, LockRef};
-use crate::time::deadline;
+use crate::time::{deadline, duration_ms};
 
 /// What this process knows of a hold's lease on Redis.
 ///
@@ -75,6 +75,9 @@ pub(crate) struct Hold {
     lost: AtomicBool,
     released: AtomicBool,
     pub(crate) kind: Kind,
+    /// `cap` is set: the watchdog reads it (a cache line further on) only
+    /// then.
+    pub(crate) capped: bool,
     /// Of the guards, those taken without a lease (renewed by the watchdog).
     watched: AtomicU32,
     /// The owner field's thread (or acquisition) id and `:write` suffix,
@@ -104,6 +107,12 @@ pub(crate) struct Hold {
     /// Told once when the hold is reported lost (a RedLock or MultiLock
     /// guard counting its members).
     lost_listeners: Mutex<Vec<Weak<dyn LostListener>>>,
+    /// The hold may last until then at most (`max_hold` from its first
+    /// acquisition): no request of its owner sets its lease past it.
+    pub(crate) cap: Option<Instant>,
+    /// Owned by its acquisition, not by a thread (`Lock::owned`): in no
+    /// thread's registry of holds, never re-entered.
+    pub(crate) owned: bool,
 }
 
 /// Told when a hold is reported lost (see [`Hold::on_lost`]).
@@ -120,8 +129,13 @@ impl Hold {
         sent: Instant,
         lease_ms: u64,
         gen: u64,
+        cap: Option<Instant>,
+        owned: bool,
     ) -> Hold {
         Hold {
+            capped: cap.is_some(),
+            cap,
+            owned,
             client_id,
             name: lock.name.to_owned(),
             channel: lock.channel.to_owned(),
@@ -219,6 +233,16 @@ impl Hold {
             lease_ms.max(self.watch_lease_ms.load(Ordering::Acquire))
         } else {
             lease_ms
+        }
+    }
+
+    /// `lease_ms` for a request sent at `now`, cut so that the lease ends
+    /// at the hold's cap at the latest (at least 1 ms: a request past the
+    /// cap leaves the hold a lease that has all but run out).
+    pub(crate) fn capped_lease_ms(&self, lease_ms: u64, now: Instant) -> u64 {
+        match self.cap {
+            Some(cap) => lease_ms.min(duration_ms(cap.saturating_duration_since(now)).max(1)),
+            None => lease_ms,
         }
     }
 

@@ -77,12 +77,19 @@ pub(crate) fn owner_state(client_id: u64, slot: &str) -> (Option<Arc<Hold>>, Vec
 }
 
 pub(crate) fn insert_hold(hold: &Arc<Hold>) {
+    if hold.owned {
+        // Owned by its acquisition, not by this thread.
+        return;
+    }
     with_slot_or_insert(hold.client_id, hold.slot(), |slot| {
         slot.hold = Some(Arc::clone(hold));
     });
 }
 
 pub(crate) fn remove_hold(hold: &Arc<Hold>) {
+    if hold.owned {
+        return;
+    }
     with_slot(hold.client_id, hold.slot(), |slot| {
         if let Some(slot) = slot {
             if slot.hold.as_ref().is_some_and(|x| Arc::ptr_eq(x, hold)) {
@@ -96,6 +103,10 @@ pub(crate) fn remove_hold(hold: &Arc<Hold>) {
 /// `false` if this thread holds a newer hold of the same lock than `hold`
 /// (taken after `hold` was lost): that one owns the owner field now.
 pub(crate) fn is_latest(hold: &Arc<Hold>) -> bool {
+    if hold.owned {
+        // Its owner (the acquisition) takes the lock once.
+        return true;
+    }
     with_slot(hold.client_id, hold.slot(), |slot| {
         slot.and_then(|s| s.hold.as_ref())
             .is_none_or(|x| Arc::ptr_eq(x, hold))

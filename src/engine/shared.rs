@@ -44,6 +44,9 @@ pub(crate) struct Shared {
     pub(crate) router: Arc<Router>,
     pub(crate) watchdog: Watchdog,
     pub(crate) watchdog_timeout: Duration,
+    /// The longest a lock of this client may be held by default
+    /// (`ClientBuilder::max_hold`).
+    pub(crate) max_hold: Option<Duration>,
     /// How long the latch of a release lives: long enough for a retry of the
     /// same request to find it (4 response timeouts, at least 1 s).
     pub(crate) latch_ttl_ms: u64,
@@ -57,6 +60,7 @@ impl Shared {
         router: Arc<Router>,
         server: String,
         watchdog_timeout: Duration,
+        max_hold: Option<Duration>,
         response_timeout: Duration,
         on_lock_lost: Option<LostCallback>,
     ) -> Shared {
@@ -67,6 +71,7 @@ impl Shared {
             watchdog: Watchdog::new(Arc::clone(&router), on_lock_lost),
             router,
             watchdog_timeout,
+            max_hold,
             latch_ttl_ms: duration_ms(response_timeout).saturating_mul(4).max(1000),
             response_timeout,
         }
@@ -81,6 +86,16 @@ impl Shared {
         field
     }
 
+    /// `<client-uuid>:<id>` for a new owned acquisition: an id no thread
+    /// and no other acquisition of this process has.
+    pub(crate) fn owned_field(&self) -> String {
+        format!(
+            "{}:{}",
+            self.uuid,
+            NEXT_THREAD_ID.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
     /// A number unique to this client, for request ids.
     pub(crate) fn next_request(&self) -> u64 {
         self.router.next_request()
@@ -92,6 +107,12 @@ impl Shared {
         let request = Arc::new(request);
         add_pending(self.id, &request);
         self.watchdog.settle_later(request);
+    }
+
+    /// Settles a request of an owned acquisition in the background: its
+    /// owner makes no later operation that could mark it done first.
+    pub(crate) fn settle_owned_later(&self, request: Unsettled) {
+        self.watchdog.settle_later(Arc::new(request));
     }
 
     /// Has this thread's next operations on its lock mark `request` done
@@ -151,6 +172,18 @@ pub(crate) fn check_count(what: &str, n: u64) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Checks a cap on holding (`max_hold`): at least 1 ms, at most
+/// [`MAX_LEASE`].
+pub(crate) fn check_max_hold(max_hold: Option<Duration>) -> Result<()> {
+    match max_hold {
+        Some(d) if d < Duration::from_millis(1) || d > MAX_LEASE => Err(Error::invalid(format!(
+            "max_hold of {d:?} is out of range: use 1 ms to {MAX_LEASE:?}, or no max_hold \
+             (the default) to let the watchdog renew a lock for as long as it is held"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Checks a lease-like duration: at least 1 ms, at most [`MAX_LEASE`].

@@ -126,6 +126,8 @@ struct Renewal {
     interval: Duration,
     lease_ms: u64,
     token: RenewToken,
+    /// Held for its `max_hold`: not renewed any more, reported lost.
+    capped: bool,
 }
 
 /// What the renewal script says of one lock.
@@ -181,7 +183,7 @@ impl Watchdog {
         lease_ms: u64,
     ) -> std::io::Result<()> {
         self.schedule(|st| {
-            let due = Instant::now() + interval;
+            let (due, every) = next_turn(hold, Instant::now() + interval, interval);
             let mut sched = hold.sched();
             match &mut *sched {
                 Sched::InFlight(terms) => {
@@ -195,11 +197,11 @@ impl Watchdog {
                         true => due.min(st.due(key.0)),
                         false => due,
                     };
-                    *sched = Sched::Queued(st.insert(due, hold, interval, lease_ms));
+                    *sched = Sched::Queued(st.insert(due, hold, every, lease_ms));
                     st.sleeping_until.is_some_and(|t| due < t)
                 }
                 Sched::Idle => {
-                    *sched = Sched::Queued(st.insert(due, hold, interval, lease_ms));
+                    *sched = Sched::Queued(st.insert(due, hold, every, lease_ms));
                     st.sleeping_until.is_some_and(|t| due < t)
                 }
             }
@@ -407,13 +409,27 @@ impl Inner {
                 );
                 for e in entries.by_ref().take(TOUCH) {
                     if let Some(token) = e.hold.take_due(t) {
+                        // A capped hold is renewed up to its cap, no further,
+                        // and not at all once the cap has come (within its own
+                        // slack: none for an entry due at its cap).
+                        // (The cap is read only for a hold that has one: it
+                        // sits past the lines every renewal reads.)
+                        let (lease_ms, capped) = if e.hold.capped {
+                            (
+                                e.hold.capped_lease_ms(e.lease_ms, now),
+                                e.hold.cap.is_some_and(|cap| cap <= now + e.interval / 10),
+                            )
+                        } else {
+                            (e.lease_ms, false)
+                        };
                         batch.push(Renewal {
                             kind: e.hold.kind,
                             owner: e.hold.owner,
+                            lease_ms,
                             hold: e.hold,
                             interval: e.interval,
-                            lease_ms: e.lease_ms,
                             token,
+                            capped,
                         });
                     }
                 }
@@ -544,11 +560,25 @@ impl Inner {
         }
     }
 
-    fn renew(&self, batch: Vec<Renewal>) {
+    fn renew(&self, mut batch: Vec<Renewal>) {
+        if batch.iter().any(|r| r.capped) {
+            let capped;
+            (capped, batch) = batch.into_iter().partition(|r| r.capped);
+            self.stop_capped(capped);
+            if batch.is_empty() {
+                return;
+            }
+        }
         let sent = Instant::now();
         let outcomes = self.renew_all(&batch);
         let now = Instant::now();
-        let retry = |r: &Renewal| now + RETRY_DELAY.min(r.interval);
+        let retry = |r: &Renewal| {
+            let delay = match r.interval {
+                Duration::ZERO => RETRY_DELAY,
+                interval => RETRY_DELAY.min(interval),
+            };
+            next_turn(&r.hold, now + delay, delay).0
+        };
         let renewed = outcomes
             .iter()
             .filter(|o| matches!(o, Some(Outcome::Renewed)))
@@ -583,7 +613,11 @@ impl Inner {
                     // request of the hold overlapped; else the next renewal comes
                     // soon.
                     Some(Outcome::Renewed) if r.hold.renewed(r.token, sent, r.lease_ms) => {
-                        Some(sent + r.interval)
+                        // An entry due at its cap (no interval) stays due then.
+                        Some(match r.interval {
+                            Duration::ZERO => r.hold.cap.unwrap_or(sent + RETRY_DELAY),
+                            interval => sent + interval,
+                        })
                     }
                     Some(Outcome::Renewed) => Some(retry(&r)),
                     // A generation that reads as the one sent but is not
@@ -627,6 +661,7 @@ impl Inner {
                 };
                 *sched = match at {
                     Some(at) if r.hold.is_watched() => {
+                        let (at, interval) = next_turn(&r.hold, at, interval);
                         Sched::Queued(st.insert(at, &r.hold, interval, lease_ms))
                     }
                     _ => Sched::Idle,
@@ -636,6 +671,25 @@ impl Inner {
         drop(st);
         for (hold, why) in lost {
             self.lose(&hold, why);
+        }
+    }
+
+    /// Holds that were held for their `max_hold`: renewed no more (their
+    /// lease, which no renewal took past the cap, runs out) and reported
+    /// lost.
+    fn stop_capped(&self, capped: Vec<Renewal>) {
+        {
+            let st = self.state.lock();
+            for r in &capped {
+                *r.hold.sched() = Sched::Idle;
+            }
+            drop(st);
+        }
+        for r in capped {
+            self.lose(
+                &r.hold,
+                "it was held for its max_hold, so the watchdog renewed it no more",
+            );
         }
     }
 
@@ -865,6 +919,20 @@ impl Inner {
 
 /// What failed, for grouping settle failures by cause: no connection, the
 /// connection failing, or what Redis answered.
+/// When `hold`'s next renewal is due if its turn is `at`, and the interval
+/// its entry keeps: a hold capped before then is due at its cap, where it
+/// stops, with no interval (so no slack: it is taken once the cap has
+/// come, see `next_batch`).
+fn next_turn(hold: &Hold, at: Instant, interval: Duration) -> (Instant, Duration) {
+    if !hold.capped {
+        return (at, interval);
+    }
+    match hold.cap {
+        Some(cap) if cap <= at => (cap, Duration::ZERO),
+        _ => (at, interval),
+    }
+}
+
 fn cause(e: &crate::error::Error) -> &'static str {
     use crate::error::Error;
     match e {

@@ -46,13 +46,7 @@ use crate::scripts;
 /// ```
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct LockGuard {
-    shared: Arc<Shared>,
-    hold: Arc<Hold>,
-    /// Taken without a lease: renewed by the watchdog.
-    watched: bool,
-    /// A fenced lock's token for this acquisition.
-    token: Option<u64>,
-    done: bool,
+    held: Held,
     _not_send: PhantomData<std::sync::MutexGuard<'static, ()>>,
 }
 
@@ -64,13 +58,21 @@ impl LockGuard {
         token: Option<u64>,
     ) -> LockGuard {
         LockGuard {
-            shared,
-            hold,
-            watched,
-            token,
-            done: false,
+            held: Held {
+                shared,
+                hold,
+                watched,
+                token,
+                done: false,
+            },
             _not_send: PhantomData,
         }
+    }
+
+    /// What the guard holds, for a guard of another owner (an owned
+    /// acquisition's).
+    pub(crate) fn into_held(self) -> Held {
+        self.held
     }
 
     /// The fencing token of this acquisition, for a lock from
@@ -92,13 +94,13 @@ impl LockGuard {
     /// ```
     #[must_use]
     pub fn token(&self) -> Option<u64> {
-        self.token
+        self.held.token
     }
 
     /// The lock's name.
     #[must_use]
     pub fn name(&self) -> &str {
-        &self.hold.name
+        self.held.name()
     }
 
     /// `true` once this process knows the lock is no longer held: the
@@ -106,7 +108,7 @@ impl LockGuard {
     /// or its lease has passed without a confirmed renewal.
     #[must_use]
     pub fn is_lost(&self) -> bool {
-        self.hold.is_lost() || Instant::now() >= self.hold.valid_until()
+        self.held.is_lost()
     }
 
     /// Checks, without a round trip, that the lock is still held; call it
@@ -116,25 +118,20 @@ impl LockGuard {
     ///
     /// [`Error::LockLost`] when [`is_lost`](Self::is_lost) is true.
     pub fn ensure_held(&self) -> Result<()> {
-        if self.is_lost() {
-            return Err(Error::LockLost {
-                name: self.hold.name.clone(),
-            });
-        }
-        Ok(())
+        self.held.ensure_held()
     }
 
     /// Until when the lease is known to hold: the last acquisition or renewal
     /// Redis confirmed (counted from when it was sent) plus the lease.
     #[must_use]
     pub fn valid_until(&self) -> Instant {
-        self.hold.valid_until()
+        self.held.valid_until()
     }
 
     /// How many guards this thread holds on this lock (re-entries included).
     #[must_use]
     pub fn hold_count(&self) -> u32 {
-        self.hold.count()
+        self.held.hold.count()
     }
 
     /// Releases this hold and reports the outcome.
@@ -146,7 +143,90 @@ impl LockGuard {
     /// Redis could not be reached or did not answer in time. In that case the
     /// release is completed in the background as soon as Redis answers (it
     /// is applied at most once), and the lease bounds the lock meanwhile.
-    pub fn unlock(mut self) -> Result<()> {
+    pub fn unlock(self) -> Result<()> {
+        self.held.unlock()
+    }
+
+    /// Tells `listener` (while it lives) if this guard's hold is reported
+    /// lost.
+    pub(crate) fn on_lost(&self, listener: Weak<dyn LostListener>) {
+        self.held.hold.on_lost(listener);
+    }
+
+    /// The context of the client the guard belongs to.
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.held.shared
+    }
+
+    /// See [`Held::begin_release`].
+    pub(crate) fn begin_release(&mut self) -> Release {
+        self.held.begin_release()
+    }
+
+    /// See [`Held::end_release`].
+    pub(crate) fn end_release(
+        &self,
+        step: ReleaseStep,
+        reply: Result<(Option<i64>, Synced)>,
+    ) -> Result<()> {
+        self.held.end_release(step, reply)
+    }
+
+    /// See [`Held::release_command`].
+    pub(crate) fn release_command(&self, r: &ReleaseRequest) -> redis::Cmd {
+        self.held.release_command(r)
+    }
+
+    /// See [`Held::send_release`].
+    pub(crate) fn send_release(&self, r: &ReleaseRequest) -> Result<(Option<i64>, Synced)> {
+        self.held.send_release(r)
+    }
+}
+
+/// One acquisition of a hash lock, whoever owns it (a thread: in a
+/// [`LockGuard`]; the acquisition itself: in an
+/// [`OwnedLockGuard`](crate::OwnedLockGuard)), and its release: on drop
+/// unless released already.
+pub(crate) struct Held {
+    shared: Arc<Shared>,
+    hold: Arc<Hold>,
+    /// Taken without a lease: renewed by the watchdog.
+    watched: bool,
+    /// A fenced lock's token for this acquisition.
+    token: Option<u64>,
+    done: bool,
+}
+
+impl Held {
+    pub(crate) fn name(&self) -> &str {
+        &self.hold.name
+    }
+
+    /// See [`LockGuard::is_lost`].
+    pub(crate) fn is_lost(&self) -> bool {
+        self.hold.is_lost() || Instant::now() >= self.hold.valid_until()
+    }
+
+    /// See [`LockGuard::ensure_held`].
+    pub(crate) fn ensure_held(&self) -> Result<()> {
+        if self.is_lost() {
+            return Err(Error::LockLost {
+                name: self.hold.name.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn valid_until(&self) -> Instant {
+        self.hold.valid_until()
+    }
+
+    pub(crate) fn token(&self) -> Option<u64> {
+        self.token
+    }
+
+    /// See [`LockGuard::unlock`].
+    pub(crate) fn unlock(mut self) -> Result<()> {
         self.done = true;
         self.release()
     }
@@ -159,17 +239,6 @@ impl LockGuard {
                 self.end_release(step, reply)
             }
         }
-    }
-
-    /// Tells `listener` (while it lives) if this guard's hold is reported
-    /// lost.
-    pub(crate) fn on_lost(&self, listener: Weak<dyn LostListener>) {
-        self.hold.on_lost(listener);
-    }
-
-    /// The context of the client the guard belongs to.
-    pub(crate) fn shared(&self) -> &Arc<Shared> {
-        &self.shared
     }
 
     /// The part of a release before its round trip: the guard's
@@ -265,7 +334,11 @@ impl LockGuard {
         let shared = &self.shared;
         let n = shared.next_request();
         let latch = scripts::unlock_latch_name(&hold.name, &hold.field, n);
-        let (_, pending) = owner_state(hold.client_id, hold.slot());
+        let pending = if hold.owned {
+            Vec::new()
+        } else {
+            owner_state(hold.client_id, hold.slot()).1
+        };
         let sent = Instant::now();
         if left > 0 {
             hold.begin(sent, lease_ms);
@@ -347,13 +420,12 @@ impl LockGuard {
                         lease_ms: r.lease_ms,
                     };
                     let owner = partial.then_some(hold);
-                    shared.settle_later(Unsettled::new(
-                        hold.lock_ref(),
-                        r.latch,
-                        kind,
-                        owner,
-                        r.sent,
-                    ));
+                    let request = Unsettled::new(hold.lock_ref(), r.latch, kind, owner, r.sent);
+                    if hold.owned {
+                        shared.settle_owned_later(request);
+                    } else {
+                        shared.settle_later(request);
+                    }
                 } else if partial {
                     hold.aborted();
                 }
@@ -411,7 +483,7 @@ impl LeaseGuard for LockGuard {
     }
 }
 
-impl Drop for LockGuard {
+impl Drop for Held {
     fn drop(&mut self) {
         if self.done {
             return;
@@ -428,9 +500,9 @@ impl Drop for LockGuard {
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
-            .field("name", &self.hold.name)
-            .field("owner", &self.hold.field)
-            .field("hold_count", &self.hold.count())
+            .field("name", &self.held.hold.name)
+            .field("owner", &self.held.hold.field)
+            .field("hold_count", &self.held.hold.count())
             .field("lost", &self.is_lost())
             .finish()
     }

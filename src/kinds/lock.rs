@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::engine::hold::{slot_key, Hold};
 use crate::engine::owners::{insert_hold, owner_state, settle};
-use crate::engine::shared::{check_lease, check_name, Shared};
+use crate::engine::shared::{check_lease, check_max_hold, check_name, Shared};
 use crate::engine::unsettled::{keys, Lost, Unsettled};
 use crate::engine::waiting::Waiters;
 pub(crate) use crate::engine::waiting::{Attempt, Wait};
@@ -40,7 +40,8 @@ const NO_TTL_RECHECK: Duration = Duration::from_secs(1);
 /// Every method makes blocking round trips to Redis (so does dropping a
 /// guard); from async code, call them inside `tokio::task::spawn_blocking`
 /// (or your runtime's equivalent) and drop the guard in the same closure:
-/// ownership is per OS thread, and a guard is `!Send`.
+/// ownership is per OS thread, and a guard is `!Send`. For a hold that must
+/// move between threads, use [`owned`](Lock::owned): its guard is `Send`.
 ///
 /// ```no_run
 /// # fn main() -> redlease::Result<()> {
@@ -62,6 +63,10 @@ pub struct Lock {
     /// The release channel, computed once.
     channel: String,
     renew_interval: Option<Duration>,
+    /// The longest a hold may last (`with_max_hold`, else the client's).
+    max_hold: Option<Duration>,
+    /// Each acquisition is its own owner (`Lock::owned`), not the thread.
+    owned: bool,
     /// A fenced lock's token key (Redisson's RFencedLock), computed once.
     token_key: Option<String>,
     kind: Kind,
@@ -80,6 +85,8 @@ pub(crate) struct Terms {
     /// A fair lock's waiter's first try of a wait: it queues at the end
     /// (a place left from an earlier wait goes).
     pub(crate) requeue: bool,
+    /// The longest a new hold may last (`max_hold`).
+    pub(crate) max_hold: Option<Duration>,
 }
 
 /// An acquire request made ready: what [`Lock::prepare`] decided before
@@ -121,6 +128,7 @@ impl Lock {
     /// A lock of `kind`: its channel, token key and slot key.
     pub(crate) fn of_kind(shared: Arc<Shared>, name: String, kind: Kind) -> Lock {
         Lock {
+            max_hold: shared.max_hold,
             shared,
             channel: if kind.is_rw() {
                 scripts::rw_channel_name(&name)
@@ -132,6 +140,16 @@ impl Lock {
             kind,
             name,
             renew_interval: None,
+            owned: false,
+        }
+    }
+
+    /// The same lock, each acquisition of it its own owner (see
+    /// `OwnedLock`).
+    pub(crate) fn as_owned(&self) -> Lock {
+        Lock {
+            owned: true,
+            ..self.clone()
         }
     }
 
@@ -160,6 +178,30 @@ impl Lock {
     #[must_use = "with_renew_interval returns the lock with the interval set"]
     pub fn with_renew_interval(mut self, interval: Duration) -> Lock {
         self.renew_interval = Some(interval);
+        self
+    }
+
+    /// Caps how long this lock may be held, instead of the client's
+    /// [`max_hold`](crate::ClientBuilder::max_hold): past `max_hold` from a
+    /// hold's first acquisition the watchdog renews it no more, its lease
+    /// runs out then, and the guard reports it lost (the client's
+    /// `on_lock_lost` is called). A fixed lease longer than the cap is
+    /// refused. Checked when the lock is acquired: 1 ms to
+    /// [`MAX_LEASE`](crate::MAX_LEASE).
+    ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+    /// use std::time::Duration;
+    /// let lock = client.lock("nightly-report").with_max_hold(Duration::from_secs(3600));
+    /// let guard = lock.lock()?;
+    /// // ... a report that hangs frees the lock after an hour ...
+    /// guard.ensure_held()?; // fails once the hour is up
+    /// # Ok(()) }
+    /// ```
+    #[must_use = "with_max_hold returns the lock with the cap set"]
+    pub fn with_max_hold(mut self, max_hold: Duration) -> Lock {
+        self.max_hold = Some(max_hold);
         self
     }
 
@@ -469,6 +511,7 @@ impl Lock {
 
     pub(crate) fn watchdog_terms(&self) -> Result<Terms> {
         self.check_name()?;
+        check_max_hold(self.max_hold)?;
         let lease = self.shared.watchdog_timeout;
         let interval = match self.renew_interval {
             Some(i) => {
@@ -489,21 +532,31 @@ impl Lock {
             None => (lease / 3).max(MIN_RENEW_INTERVAL),
         };
         Ok(Terms {
-            lease_ms: duration_ms(lease),
+            // A hold capped sooner than a lease has the cap as its lease.
+            lease_ms: duration_ms(self.max_hold.map_or(lease, |cap| cap.min(lease))),
             renew: Some(interval),
             place_ms: 0,
             requeue: false,
+            max_hold: self.max_hold,
         })
     }
 
     pub(crate) fn lease_terms(&self, lease: Duration) -> Result<Terms> {
         self.check_name()?;
         check_lease("lease", lease)?;
+        check_max_hold(self.max_hold)?;
+        if let Some(cap) = self.max_hold.filter(|&cap| lease > cap) {
+            return Err(Error::invalid(format!(
+                "lease {lease:?} is longer than the lock's max_hold ({cap:?}): use a lease of \
+                 at most the cap, or a longer max_hold"
+            )));
+        }
         Ok(Terms {
             lease_ms: duration_ms(lease),
             renew: None,
             place_ms: 0,
             requeue: false,
+            max_hold: self.max_hold,
         })
     }
 
@@ -556,7 +609,7 @@ impl Lock {
 
     /// [`acquire`](Lock::acquire) with no deadline: it returns only once
     /// acquired (or on an error).
-    fn acquire_forever(&self, terms: &Terms) -> Result<LockGuard> {
+    pub(crate) fn acquire_forever(&self, terms: &Terms) -> Result<LockGuard> {
         until_acquired(|| self.acquire(Wait::Forever, terms))
     }
 
@@ -571,16 +624,22 @@ impl Lock {
     /// an existing hold's bound as what the request may set.
     pub(crate) fn prepare(&self, terms: &Terms) -> Request {
         let shared = &self.shared;
-        let (existing, pending) = owner_state(shared.id, &self.slot);
-        let field = existing
-            .as_ref()
-            .map_or_else(|| self.owner_field(), |h| h.field.clone());
+        let (existing, pending, field) = if self.owned {
+            // A new owner: nothing held, nothing unsettled.
+            (None, Vec::new(), shared.owned_field())
+        } else {
+            let (existing, pending) = owner_state(shared.id, &self.slot);
+            let field = existing
+                .as_ref()
+                .map_or_else(|| self.owner_field(), |h| h.field.clone());
+            (existing, pending, field)
+        };
         let held = existing.as_ref().map_or(0, |h| h.count());
         let watched = terms.renew.is_some();
         // A re-entry never shortens the lease that watched guards need; the
         // undo of a lost re-entry re-applies what the hold needs now.
         let lease_ms = existing.as_ref().map_or(terms.lease_ms, |h| {
-            h.reentry_lease_ms(terms.lease_ms, watched)
+            h.capped_lease_ms(h.reentry_lease_ms(terms.lease_ms, watched), Instant::now())
         });
         let restore_ms = existing.as_ref().map_or(0, |h| h.needed_lease_ms());
         let n = shared.next_request();
@@ -736,7 +795,9 @@ impl Lock {
                         lease_ms: restore_ms,
                     };
                     let request = Unsettled::new(lock, r.marker, kind, existing.as_ref(), sent);
-                    if in_line {
+                    if self.owned {
+                        shared.settle_owned_later(request);
+                    } else if in_line {
                         // The wait goes on: its next try settles it (see
                         // `Place`, which settles it if the wait ends).
                         shared.defer_settle(request);
@@ -784,7 +845,10 @@ impl Lock {
                 hold
             }
             None => {
-                let hold = Arc::new(Hold::new(shared.id, lock, sent, lease_ms, n));
+                let cap = terms.max_hold.and_then(|d| sent.checked_add(d));
+                let hold = Arc::new(Hold::new(
+                    shared.id, lock, sent, lease_ms, n, cap, self.owned,
+                ));
                 insert_hold(&hold);
                 hold
             }
@@ -856,6 +920,15 @@ macro_rules! acquire_methods {
         pub fn with_renew_interval(self, interval: Duration) -> Self {
             Self {
                 lock: self.lock.with_renew_interval(interval),
+            }
+        }
+
+        /// Caps how long this lock may be held (see
+        /// [`Lock::with_max_hold`]).
+        #[must_use = "with_max_hold returns the lock with the cap set"]
+        pub fn with_max_hold(self, max_hold: Duration) -> Self {
+            Self {
+                lock: self.lock.with_max_hold(max_hold),
             }
         }
 

@@ -7,8 +7,8 @@ use crate::error::Result;
 
 /// The acquire methods every lock kind has: [`Lock`](crate::Lock) (plain or
 /// fenced), [`FairLock`](crate::FairLock), [`ReadLock`](crate::ReadLock),
-/// [`WriteLock`](crate::WriteLock), [`RedLock`](crate::RedLock) and
-/// [`MultiLock`](crate::MultiLock).
+/// [`WriteLock`](crate::WriteLock), [`RedLock`](crate::RedLock),
+/// [`MultiLock`](crate::MultiLock) and [`OwnedLock`](crate::OwnedLock).
 ///
 /// Each kind has the same methods without the trait (no import is needed
 /// for the common case); the trait is for code written once for any kind,
@@ -92,7 +92,8 @@ pub trait Lockable {
 }
 
 /// What every guard of a [`Lockable`] tells about the hold it stands for:
-/// [`LockGuard`](crate::LockGuard) and [`MultiGuard`](crate::MultiGuard).
+/// [`LockGuard`](crate::LockGuard), [`MultiGuard`](crate::MultiGuard) and
+/// [`OwnedLockGuard`](crate::OwnedLockGuard).
 ///
 /// A lock is a lease: a guard knows, without a round trip, until when Redis
 /// confirmed the hold ([`valid_until`](Self::valid_until)) and whether it was

@@ -9,6 +9,8 @@
 //!   protocol;
 //! - `lock`: `Lock`, the reentrant lock (plain and fenced) and the base of
 //!   the fair, read and write locks: the handle and the acquire protocol;
+//! - `owned`: `OwnedLock`, `OwnedLockGuard`: a lock owned by the
+//!   acquisition, not the thread;
 //! - `fair`: `FairLock` and its wait in line;
 //! - `rwlock`: `ReadWriteLock`, `ReadLock`, `WriteLock`;
 //! - `multi`: `RedLock`, `MultiLock`, `MultiGuard` over member locks;
@@ -25,5 +27,6 @@ pub(crate) mod latch;
 pub(crate) mod lock;
 pub(crate) mod lockable;
 pub(crate) mod multi;
+pub(crate) mod owned;
 pub(crate) mod rwlock;
 pub(crate) mod semaphore;

@@ -99,6 +99,17 @@ impl ReadWriteLock {
         self.read.is_locked()
     }
 
+    /// The remaining lease of the lock's key, whoever holds it in either
+    /// mode (see [`Lock::remaining_lease`](crate::Lock::remaining_lease)):
+    /// `None` if it is free.
+    ///
+    /// # Errors
+    ///
+    /// Empty name, or a Redis or pool error.
+    pub fn remaining_lease(&self) -> Result<Option<Duration>> {
+        self.read.remaining_lease()
+    }
+
     /// `true` if a writer holds it.
     ///
     /// # Errors

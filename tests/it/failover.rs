@@ -176,6 +176,8 @@ struct Holdings {
     fair: redlease::LockGuard,
     write: redlease::LockGuard,
     permit: redlease::SemaphorePermits,
+    /// Released on another thread than the one that took it.
+    owned: redlease::OwnedLockGuard,
 }
 
 impl Holdings {
@@ -193,6 +195,11 @@ impl Holdings {
                 .semaphore(&names[3])
                 .acquire(1)
                 .expect("the only permit"),
+            owned: clients[0]
+                .lock(&names[4])
+                .owned()
+                .lock()
+                .expect("owned lock"),
         }
     }
 
@@ -203,6 +210,12 @@ impl Holdings {
             ("fair lock", self.fair.unlock()),
             ("write lock", self.write.unlock()),
             ("semaphore permit", self.permit.release()),
+            (
+                "owned lock",
+                thread::spawn(move || self.owned.unlock())
+                    .join()
+                    .expect("the releasing thread"),
+            ),
         ]
     }
 
@@ -212,12 +225,13 @@ impl Holdings {
             && !fresh.fair_lock(&names[1]).is_locked().unwrap_or(true)
             && !fresh.read_write_lock(&names[2]).is_locked().unwrap_or(true)
             && fresh.semaphore(&names[3]).available_permits().unwrap_or(0) == 1
+            && !fresh.lock(&names[4]).is_locked().unwrap_or(true)
     }
 }
 
-/// Holders release a watchdog lock, a fair lock, a write lock and the one
-/// permit of a semaphore on the failed master's slots, each through its own
-/// client: one set while the failover is under way (no master can take the
+/// Holders release a watchdog lock, a fair lock, a write lock, the one
+/// permit of a semaphore and an owned lock (on another thread) on the
+/// failed master's slots, each through its own client: one set while the failover is under way (no master can take the
 /// releases: they fail and are completed in the background), the other 1 s
 /// after it completed (the releases go to the new master). Either way a fresh client finds every
 /// lock free and the permit back soon after the failover, not after the
@@ -227,8 +241,8 @@ impl Holdings {
 #[test]
 fn releases_during_and_after_a_failover_free_every_lock_and_permit() {
     let cluster = cluster();
-    let (names, victim) = victim_names(&cluster, "rel", 8);
-    let (during_names, after_names) = names.split_at(4);
+    let (names, victim) = victim_names(&cluster, "rel", 10);
+    let (during_names, after_names) = names.split_at(5);
     let fresh = Client::cluster_builder(cluster.seeds())
         .build()
         .expect("fresh client");

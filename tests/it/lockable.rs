@@ -105,6 +105,19 @@ fn every_lock_kind_runs_through_the_same_generic_code() {
         MultiLock::new(vec![c.lock("gen:multi:1"), c.lock("gen:multi:2")]).expect("MultiLock")
     };
     exercise("MultiLock", &multi(&a), &multi(&b), true);
+    exercise(
+        "OwnedLock",
+        &a.lock("gen:owned").owned(),
+        &b.lock("gen:owned").owned(),
+        true,
+    );
+    // Two owned acquisitions through one client are two owners too.
+    exercise(
+        "OwnedLock, one client",
+        &a.lock("gen:owned1").owned(),
+        &a.lock("gen:owned1").owned(),
+        true,
+    );
 
     let masters: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let (ma, mb): (Vec<Client>, Vec<Client>) = (
@@ -181,7 +194,9 @@ fn every_lock_kind_answers_the_plain_locks_queries() {
     assert!(write.is_locked().expect("write") && !read.is_locked().expect("read"));
     assert!(write.is_held_by_current_thread().expect("write"));
     lease(write.remaining_lease().expect("write"), "write");
+    lease(rw.remaining_lease().expect("rw"), "the read-write lock");
     drop(w);
+    assert_eq!(rw.remaining_lease().expect("rw"), None, "free");
     assert_eq!(write.remaining_lease().expect("write"), None, "free again");
 
     // A MultiLock is locked when any member is; held when all are.

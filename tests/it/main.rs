@@ -23,6 +23,8 @@ mod fenced;
 mod latch;
 mod lock;
 mod lockable;
+mod max_hold;
+mod owned;
 mod redisson_interop;
 mod redlock;
 mod renewal;
