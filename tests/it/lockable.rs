@@ -260,3 +260,84 @@ fn every_lock_kind_answers_the_plain_locks_queries() {
     drop(minority);
     assert!(!red.is_locked().expect("red"));
 }
+
+/// Durations that make no sense (zero, `Duration::MAX`) are refused with
+/// `InvalidArgument` by every kind, before anything is written; those that
+/// mean "no limit" (a wait of `Duration::MAX`) are taken as such. Nothing
+/// panics.
+#[test]
+fn durations_out_of_range_are_refused_at_once_by_every_kind() {
+    let srv = RedisServer::start();
+    let c = client(&srv);
+    let invalid = |what: &str, r: redlease::Result<()>| {
+        let e = r.expect_err(what);
+        assert!(e.is_invalid_argument(), "{what}: {e}");
+    };
+    for bad in [Duration::ZERO, Duration::MAX] {
+        let lock = c.lock("bad");
+        invalid("lease", lock.lock_with_lease(bad).map(drop));
+        invalid(
+            "lease, timed",
+            lock.try_lock_with_lease(Duration::MAX, bad).map(drop),
+        );
+        invalid(
+            "renew interval",
+            lock.clone().with_renew_interval(bad).lock().map(drop),
+        );
+        invalid(
+            "max_hold",
+            lock.clone().with_max_hold(bad).try_lock().map(drop),
+        );
+        invalid("owned lease", lock.owned().lock_with_lease(bad).map(drop));
+        invalid(
+            "owned renew interval",
+            lock.owned().with_renew_interval(bad).lock().map(drop),
+        );
+        invalid(
+            "fair lease",
+            c.fair_lock("bad").lock_with_lease(bad).map(drop),
+        );
+        invalid(
+            "write lease",
+            c.read_write_lock("bad")
+                .write_lock()
+                .lock_with_lease(bad)
+                .map(drop),
+        );
+        invalid(
+            "read max_hold",
+            c.read_write_lock("bad")
+                .read_lock()
+                .with_max_hold(bad)
+                .lock()
+                .map(drop),
+        );
+        let multi = MultiLock::new(vec![c.lock("bad:1"), c.lock("bad:2")]).expect("MultiLock");
+        invalid("multi lease", multi.lock_with_lease(bad).map(drop));
+        invalid(
+            "expirable lease",
+            c.permit_expirable_semaphore("bad")
+                .try_acquire_for(Duration::MAX, bad)
+                .map(drop),
+        );
+    }
+    assert_eq!(srv.cmd(&["DBSIZE"]), "0", "nothing refused was written");
+    // A wait of Duration::MAX is a wait without a deadline.
+    let g = c
+        .lock("bad")
+        .try_lock_for(Duration::MAX)
+        .expect("a wait without deadline")
+        .expect("free");
+    drop(g);
+    let g = c
+        .lock("bad")
+        .owned()
+        .try_lock_with_lease(Duration::MAX, Duration::from_secs(1))
+        .expect("a wait without deadline")
+        .expect("free");
+    drop(g);
+    assert!(c
+        .count_down_latch("bad")
+        .wait_for(Duration::MAX)
+        .expect("an open latch"));
+}
