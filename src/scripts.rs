@@ -662,6 +662,7 @@ pub(crate) fn force_unlock(
     name: &str,
     channel: &str,
     kind: Kind,
+    mode: &str,
     latch: &str,
     latch_ms: u64,
     publish: &str,
@@ -684,7 +685,8 @@ pub(crate) fn force_unlock(
             .arg(latch)
             .arg(latch_ms)
             .arg(publish)
-            .arg(u8::from(kind.is_rw()));
+            .arg(u8::from(kind.is_rw()))
+            .arg(mode);
     })
 }
 

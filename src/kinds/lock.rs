@@ -450,6 +450,12 @@ impl Lock {
     ///
     /// Empty name, or a Redis or pool error.
     pub fn force_unlock(&self) -> Result<bool> {
+        self.force_unlock_in("")
+    }
+
+    /// Deletes the lock whoever holds it, if it is a read-write lock in
+    /// `mode` (`read`, `write`; `""`: in any mode, or any lock).
+    pub(crate) fn force_unlock_in(&self, mode: &str) -> Result<bool> {
         self.check_name()?;
         let shared = &self.shared;
         // A latch per request: a retry after a lost reply returns what the
@@ -462,6 +468,7 @@ impl Lock {
                 &self.name,
                 &self.channel,
                 self.kind,
+                mode,
                 &latch,
                 shared.latch_ttl_ms,
                 self.router().publish_command(),

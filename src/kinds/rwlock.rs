@@ -186,6 +186,18 @@ impl ReadLock {
     pub fn is_locked(&self) -> Result<bool> {
         Ok(mode(&self.lock)?.as_deref() == Some("read"))
     }
+
+    /// Deletes the read-write lock if it is held for reading (by anyone),
+    /// waking every waiter; `true` if it was (as Redisson's
+    /// `RReadLock.forceUnlock`). The readers' guards report the loss at
+    /// their next renewal, check or release.
+    ///
+    /// # Errors
+    ///
+    /// Empty name, or a Redis or pool error.
+    pub fn force_unlock(&self) -> Result<bool> {
+        self.lock.force_unlock_in("read")
+    }
 }
 
 /// The write lock of a [`ReadWriteLock`]: one writer, no readers (but the
@@ -229,6 +241,18 @@ impl WriteLock {
     /// Empty name, or a Redis or pool error.
     pub fn is_locked(&self) -> Result<bool> {
         Ok(mode(&self.lock)?.as_deref() == Some("write"))
+    }
+
+    /// Deletes the read-write lock if it is held for writing, waking every
+    /// waiter; `true` if it was (as Redisson's `RWriteLock.forceUnlock`).
+    /// The writer's guards report the loss at their next renewal, check or
+    /// release.
+    ///
+    /// # Errors
+    ///
+    /// Empty name, or a Redis or pool error.
+    pub fn force_unlock(&self) -> Result<bool> {
+        self.lock.force_unlock_in("write")
     }
 }
 

@@ -3,6 +3,8 @@
 -- ARGV[1] latch TTL in ms   ARGV[2] the publish command ('publish' or
 -- 'spublish', see release.lua)   ARGV[3] the message: '0' (one waiter per
 -- process), '1' for a read-write lock (every waiter)
+-- ARGV[4] a read-write lock's mode ('read', 'write') to delete it only in
+-- (Redisson's RReadLock / RWriteLock forceUnlock), or '' for any
 -- Returns 1 if a lock was deleted, else 0. A retry of the same request (same
 -- latch) after a lost reply returns the first run's answer.
 local done = redis.call('get', KEYS[3])
@@ -10,7 +12,11 @@ if done then
     return tonumber(done)
 end
 local deleted = 0
-if redis.call('exists', KEYS[1]) == 1 then
+local held = redis.call('exists', KEYS[1]) == 1
+if held and ARGV[4] ~= '' then
+    held = redis.call('hget', KEYS[1], 'mode') == ARGV[4]
+end
+if held then
     -- Publish first: without the channel in its ACL the user stops here
     -- with nothing changed (subscribers see the message after the script).
     redis.call(ARGV[2], KEYS[2], ARGV[3])

@@ -195,8 +195,29 @@ fn every_lock_kind_answers_the_plain_locks_queries() {
     assert!(write.is_held_by_current_thread().expect("write"));
     lease(write.remaining_lease().expect("write"), "write");
     lease(rw.remaining_lease().expect("rw"), "the read-write lock");
+    // force_unlock per mode, as Redisson's: a read lock's leaves a writer.
+    assert!(
+        !read.force_unlock().expect("read force_unlock"),
+        "not read-locked"
+    );
+    assert!(write.is_locked().expect("write"), "the writer keeps it");
+    assert!(
+        write.force_unlock().expect("write force_unlock"),
+        "write-locked"
+    );
     drop(w);
     assert_eq!(rw.remaining_lease().expect("rw"), None, "free");
+    let r = read.lock().expect("read lock");
+    assert!(
+        !write.force_unlock().expect("write force_unlock"),
+        "not write-locked"
+    );
+    assert!(
+        read.force_unlock().expect("read force_unlock"),
+        "read-locked"
+    );
+    assert!(!rw.is_locked().expect("rw"), "deleted");
+    drop(r);
     assert_eq!(write.remaining_lease().expect("write"), None, "free again");
 
     // A MultiLock is locked when any member is; held when all are.
