@@ -557,7 +557,12 @@ impl ClientBuilder {
     /// it lost and [`on_lock_lost`](Self::on_lock_lost) is called, as for
     /// any lost lock. A stuck holder then frees the lock instead of keeping
     /// it forever. Counted from the hold's first acquisition (re-entries do
-    /// not restart it); a fixed lease longer than the cap is refused with
+    /// not restart it, and a re-entry through a lock with another cap
+    /// changes nothing); every request of the holder, renewals, re-entries
+    /// and partial releases alike, sets a lease that ends at the cap at the
+    /// latest (as its sender counts: Redis may keep the key for as long as
+    /// that request took to arrive). A fixed lease longer than the cap is
+    /// refused with
     /// [`Error::InvalidArgument`]. One lock can set its own with
     /// [`Lock::with_max_hold`](crate::Lock::with_max_hold).
     ///

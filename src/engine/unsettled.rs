@@ -150,13 +150,14 @@ impl Unsettled {
     /// answer: 1 if it changed something (2: an undone re-entry found a
     /// hold key of the owner expired).
     pub(crate) fn run(&self, conn: &mut Connection, gen: u64, publish: &str) -> RedisResult<i64> {
+        let now = Instant::now();
         match self.kind {
             Lost::Acquire { held, lease_ms } => scripts::cancel_acquire(
                 conn,
                 self.lock_ref(),
                 &self.key,
                 held,
-                lease_ms,
+                self.capped(lease_ms, now),
                 gen,
                 publish,
             ),
@@ -167,7 +168,7 @@ impl Unsettled {
                 latch: &self.key,
                 unsettled: Vec::new(),
                 left,
-                lease_ms,
+                lease_ms: self.capped(lease_ms, now),
                 latch_ms: scripts::LATE_REQUEST_WINDOW_MS,
                 gen,
                 publish,
@@ -214,10 +215,21 @@ impl Unsettled {
                 "a hold key of it ran out before a lost re-entry was undone",
             )),
             (1, Some(epoch)) if held > 0 => {
-                hold.settled(epoch, sent, lease_ms, gen);
+                // What `run` re-applied, cut to the cap as of `sent` (no
+                // later than the run): the bound ends at the cap too.
+                hold.settled(epoch, sent, hold.capped_lease_ms(lease_ms, sent), gen);
                 None
             }
             _ => None,
+        }
+    }
+
+    /// `lease_ms`, re-applied for the remaining holds at `now`, cut so that
+    /// it ends at the hold's cap (`max_hold`) at the latest.
+    fn capped(&self, lease_ms: u64, now: Instant) -> u64 {
+        match self.hold.as_ref().and_then(Weak::upgrade) {
+            Some(hold) => hold.capped_lease_ms(lease_ms, now),
+            None => lease_ms,
         }
     }
 

@@ -294,7 +294,8 @@ impl Held {
             let request = self.prepare_release(&hold, 0, 0);
             return Release::Send(ReleaseStep { request, expired });
         }
-        let lease_ms = hold.needed_lease_ms();
+        // What the remaining holds need, no later than the hold's cap.
+        let lease_ms = hold.capped_lease_ms(hold.needed_lease_ms(), Instant::now());
         let request = self.prepare_release(&hold, left, lease_ms);
         Release::Send(ReleaseStep { request, expired })
     }

@@ -89,6 +89,15 @@ pub(crate) struct Terms {
     pub(crate) max_hold: Option<Duration>,
 }
 
+impl Terms {
+    /// The lease a new hold's acquisition sets: the one asked for, cut to
+    /// the cap.
+    pub(crate) fn new_hold_lease_ms(&self) -> u64 {
+        self.max_hold
+            .map_or(self.lease_ms, |cap| self.lease_ms.min(duration_ms(cap)))
+    }
+}
+
 /// An acquire request made ready: what [`Lock::prepare`] decided before
 /// its round trip.
 pub(crate) struct Request {
@@ -185,8 +194,10 @@ impl Lock {
     /// [`max_hold`](crate::ClientBuilder::max_hold): past `max_hold` from a
     /// hold's first acquisition the watchdog renews it no more, its lease
     /// runs out then, and the guard reports it lost (the client's
-    /// `on_lock_lost` is called). A fixed lease longer than the cap is
-    /// refused. Checked when the lock is acquired: 1 ms to
+    /// `on_lock_lost` is called). The cap of a hold is the one its first
+    /// acquisition had: re-entering it through a handle with another cap
+    /// changes nothing. A fixed lease longer than the cap is refused.
+    /// Checked when the lock is acquired: 1 ms to
     /// [`MAX_LEASE`](crate::MAX_LEASE).
     ///
     /// ```no_run
@@ -539,8 +550,8 @@ impl Lock {
             None => (lease / 3).max(MIN_RENEW_INTERVAL),
         };
         Ok(Terms {
-            // A hold capped sooner than a lease has the cap as its lease.
-            lease_ms: duration_ms(self.max_hold.map_or(lease, |cap| cap.min(lease))),
+            // What the hold needs; each request cuts it to the hold's cap.
+            lease_ms: duration_ms(lease),
             renew: Some(interval),
             place_ms: 0,
             requeue: false,
@@ -645,10 +656,18 @@ impl Lock {
         let watched = terms.renew.is_some();
         // A re-entry never shortens the lease that watched guards need; the
         // undo of a lost re-entry re-applies what the hold needs now.
-        let lease_ms = existing.as_ref().map_or(terms.lease_ms, |h| {
-            h.capped_lease_ms(h.reentry_lease_ms(terms.lease_ms, watched), Instant::now())
-        });
-        let restore_ms = existing.as_ref().map_or(0, |h| h.needed_lease_ms());
+        // A new hold's lease ends at its cap at the latest; a re-entry's and
+        // the one an undo re-applies, at the hold's cap (set by its first
+        // acquisition: a re-entry through a handle with another cap changes
+        // nothing).
+        let now = Instant::now();
+        let lease_ms = match &existing {
+            Some(h) => h.capped_lease_ms(h.reentry_lease_ms(terms.lease_ms, watched), now),
+            None => terms.new_hold_lease_ms(),
+        };
+        let restore_ms = existing
+            .as_ref()
+            .map_or(0, |h| h.capped_lease_ms(h.needed_lease_ms(), now));
         let n = shared.next_request();
         let marker = scripts::acquire_cancel_name(&self.name, &field, n);
         // A reader's hold keys, and its thread's writer field.

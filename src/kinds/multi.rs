@@ -593,7 +593,11 @@ impl Group {
         terms: &[Terms],
     ) -> Result<std::result::Result<MultiGuard, (bool, Option<Duration>)>> {
         let n = self.members.len();
-        let lease_ms = terms.iter().map(|t| t.lease_ms).min().unwrap_or(0);
+        let lease_ms = terms
+            .iter()
+            .map(Terms::new_hold_lease_ms)
+            .min()
+            .unwrap_or(0);
         let lease = Duration::from_millis(lease_ms);
         let drift = lease / 100 + Duration::from_millis(2);
         let elapsed = round.sent.elapsed();

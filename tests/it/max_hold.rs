@@ -186,3 +186,121 @@ fn caps_are_checked_and_fixed_leases_beyond_them_refused() {
         "nothing refused was written"
     );
 }
+
+/// The time from `started` until the key's lease runs out, as Redis has it
+/// now.
+fn lease_end(srv: &RedisServer, key: &str, started: Instant) -> Duration {
+    let ttl = pttl(srv, key);
+    assert!(ttl > 0, "{key} held with a lease: PTTL {ttl}");
+    started.elapsed() + Duration::from_millis(ttl.unsigned_abs())
+}
+
+/// Every request that re-applies a lease for the holds that remain cuts it
+/// to the cap too: a partial release, and one after a fixed-lease re-entry
+/// once no watched guard remains (the watchdog is no longer there to stop
+/// it). Before, both set the full lease again, past the cap.
+#[test]
+fn leases_re_applied_for_the_remaining_holds_end_at_the_cap() {
+    let srv = RedisServer::start();
+    let (tx, _lost) = mpsc::channel();
+    let c = capped_client(&srv, Duration::from_secs(30), tx);
+    let cap = Duration::from_millis(1500);
+    // Slack for the latency between a request's send and its run.
+    let slack = Duration::from_millis(50);
+
+    let lock = c.lock("partial").with_max_hold(cap);
+    let started = Instant::now();
+    let outer = lock.lock().expect("lock");
+    let inner = lock.lock().expect("re-entry");
+    wait_until("most of the cap to pass", WAIT, || {
+        started.elapsed() >= Duration::from_millis(1000)
+    });
+    drop(inner);
+    let end = lease_end(&srv, "partial", started);
+    assert!(
+        end <= cap + slack,
+        "a partial release took the lease to {end:?}"
+    );
+    wait_until("the cap", WAIT, || outer.is_lost());
+    drop(outer);
+
+    let lock = c.lock("fixed").with_max_hold(cap);
+    let started = Instant::now();
+    let watched = lock.lock().expect("lock");
+    wait_until("most of the cap to pass", WAIT, || {
+        started.elapsed() >= Duration::from_millis(1000)
+    });
+    let fixed = lock.lock_with_lease(cap).expect("a fixed-lease re-entry");
+    let end = lease_end(&srv, "fixed", started);
+    assert!(end <= cap + slack, "the re-entry took the lease to {end:?}");
+    drop(watched);
+    let end = lease_end(&srv, "fixed", started);
+    assert!(
+        end <= cap + slack,
+        "the partial release took the lease to {end:?}"
+    );
+    assert!(fixed.valid_until() <= started + cap + slack);
+    wait_until("the fixed-lease guard to find the cap", WAIT, || {
+        fixed.is_lost()
+    });
+    wait_until("the key to expire", WAIT, || pttl(&srv, "fixed") == -2);
+}
+
+/// The undo of a re-entry whose reply was lost re-applies what the holds
+/// that remain need, no further than the cap. Before, it set the full
+/// lease again.
+#[test]
+fn the_undo_of_a_lost_re_entry_ends_at_the_cap() {
+    let srv = RedisServer::start();
+    let proxy = crate::support::Proxy::start(srv.addr());
+    let c = crate::faults_common::impatient(&proxy.url());
+    let cap = Duration::from_millis(2000);
+    let lock = c.lock("undo").with_max_hold(cap);
+    let started = Instant::now();
+    let outer = lock.lock().expect("lock");
+    wait_until("most of the cap to pass", WAIT, || {
+        started.elapsed() >= Duration::from_millis(1200)
+    });
+    proxy.add_rule(
+        b"redlease_acquire_cancel",
+        crate::support::Fault::DropReply,
+        1,
+    );
+    assert!(lock.try_lock().is_err(), "the re-entry's reply is lost");
+    wait_until("the undo", WAIT, || c.stats().unsettled_requests == 0);
+    let end = lease_end(&srv, "undo", started);
+    assert!(
+        end <= cap + Duration::from_millis(100),
+        "the undo took the lease to {end:?}"
+    );
+    assert!(outer.valid_until() <= started + cap + Duration::from_millis(100));
+    drop(outer);
+}
+
+/// A hold's cap is its first acquisition's: a re-entry through a handle
+/// with another (shorter) cap neither shortens the live hold's lease nor
+/// caps it. Before, the re-entry set the shorter lease and the hold was
+/// lost with both guards alive.
+#[test]
+fn a_re_entry_through_another_cap_changes_nothing() {
+    let srv = RedisServer::start();
+    let (tx, lost) = mpsc::channel();
+    let c = capped_client(&srv, Duration::from_secs(30), tx);
+    let outer = c.lock("nested").lock().expect("lock, no cap");
+    let inner = c
+        .lock("nested")
+        .with_max_hold(Duration::from_millis(300))
+        .lock()
+        .expect("re-entry with a cap");
+    assert!(pttl(&srv, "nested") > 20_000, "the re-entry kept the lease");
+    drop(inner);
+    assert!(
+        pttl(&srv, "nested") > 20_000,
+        "the partial release kept the lease"
+    );
+    assert!(
+        lost.recv_timeout(Duration::from_millis(800)).is_err(),
+        "nothing lost past the other handle's cap"
+    );
+    outer.ensure_held().expect("still held");
+}

@@ -189,7 +189,10 @@ fn lost_replies_of_an_owned_lock_leave_nothing_held() {
     wait_until("the lost release to be completed", WAIT, || {
         srv.cmd(&["EXISTS", "lossy"]) == "0"
     });
-    assert_eq!(c.stats().unsettled_requests, 0, "{:?}", c.stats());
+    // The watchdog counts a settle done once its pass is over.
+    wait_until("nothing left to settle", WAIT, || {
+        c.stats().unsettled_requests == 0
+    });
 }
 
 /// A lock lost while its owned guard is on another thread is reported
