@@ -56,8 +56,11 @@ pub(crate) const CHUNK: usize = 1000;
 pub(crate) const RETRY_DELAY: Duration = Duration::from_millis(250);
 /// The first wait before trying again to settle a request.
 pub(crate) const MIN_SETTLE_DELAY: Duration = Duration::from_millis(50);
-/// The longest wait between tries to settle a request whose reply was lost.
-pub(crate) const MAX_SETTLE_DELAY: Duration = Duration::from_secs(2);
+/// The longest wait between tries to settle a request whose reply was lost:
+/// what a release made during a failover may wait, once the new master is
+/// there, before it is completed (one try per node per pass, so an outage
+/// costs a try a second per node, not per request).
+pub(crate) const MAX_SETTLE_DELAY: Duration = Duration::from_secs(1);
 
 pub(crate) type LostCallback = Arc<dyn Fn(&str) + Send + Sync + 'static>;
 
