@@ -1,7 +1,58 @@
 //! Small time helpers every layer uses: milliseconds of a `Duration`,
-//! deadlines that saturate instead of overflowing, and jitter.
+//! deadlines that saturate instead of overflowing, jitter, and a warning
+//! let through at most once a second per cause ([`warn_limited!`]).
 
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex, PoisonError};
 use std::time::{Duration, Instant};
+
+/// The shortest time between two warnings of the same cause.
+pub(crate) const WARN_EVERY: Duration = Duration::from_secs(1);
+
+/// Per cause: when its last warning went out, and how many were held back
+/// since.
+static WARNED: LazyLock<Mutex<HashMap<String, (Instant, u64)>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// Whether a warning of `cause` may go out now: `Some(n)` with the number
+/// held back since the last one, or `None` within [`WARN_EVERY`] of it (it
+/// is counted). Causes quiet for a minute are forgotten.
+pub(crate) fn warn_allowed(cause: &str) -> Option<u64> {
+    let now = Instant::now();
+    let mut warned = WARNED.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((last, held)) = warned.get_mut(cause) {
+        if now.duration_since(*last) < WARN_EVERY {
+            *held += 1;
+            return None;
+        }
+        let n = std::mem::take(held);
+        *last = now;
+        return Some(n);
+    }
+    if warned.len() >= 256 {
+        warned.retain(|_, (last, _)| now.duration_since(*last) < Duration::from_secs(60));
+    }
+    warned.insert(cause.to_owned(), (now, 0));
+    Some(0)
+}
+
+/// `log::warn!`, at most once a second for the same `cause` (a string
+/// naming what failed and where, without what varies from one time to the
+/// next): during an outage a warning that would repeat on every retry is
+/// one line a second, with the number held back.
+macro_rules! warn_limited {
+    ($cause:expr, $($arg:tt)+) => {
+        if let Some(held) = $crate::time::warn_allowed($cause) {
+            if held == 0 {
+                log::warn!($($arg)+);
+            } else {
+                log::warn!("{} ({held} more like it not shown)", format_args!($($arg)+));
+            }
+        }
+    };
+}
+
+pub(crate) use warn_limited;
 
 /// `d` in whole milliseconds, saturating at `u64::MAX`.
 pub(crate) fn duration_ms(d: Duration) -> u64 {

@@ -67,7 +67,7 @@ fn failed_settles_warn_once_per_cause() {
         Duration::from_secs(10),
         || client.stats().unsettled_requests == LOCKS as u64,
     );
-    // Several passes of the settling thread (its back-off grows to 2 s).
+    // Several passes of the settling thread (its back-off grows to 1 s).
     thread::sleep(Duration::from_secs(5));
     let warned = COUNTER.settle_warnings.load(Ordering::Relaxed);
     println!("{warned} warnings for {LOCKS} pending settles:");

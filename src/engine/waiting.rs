@@ -152,7 +152,7 @@ pub(crate) fn through_failover<T>(
                 if deadline.is_some_and(|d| Instant::now() + wait >= d) {
                     return Err(e);
                 }
-                log::debug!("redlease: {name:?}: {e}; trying again in {wait:?}");
+                log::debug!("{name:?}: {e}; trying again in {wait:?}");
                 std::thread::sleep(wait);
                 pause = (pause * 2).min(Duration::from_millis(500));
             }
@@ -173,7 +173,7 @@ pub(crate) fn failed_recheck(
 ) -> Result<Instant> {
     match recheck_until.filter(|u| Instant::now() < *u) {
         Some(until) if e.is_failover_symptom() => {
-            log::debug!("redlease: {name:?}: a re-check failed ({e}); waiting on");
+            log::debug!("{name:?}: a re-check failed ({e}); waiting on");
             Ok(until)
         }
         _ => Err(e),

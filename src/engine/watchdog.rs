@@ -44,7 +44,7 @@ use crate::engine::unsettled::Unsettled;
 use crate::net::pool::{fan_out, Job, Synced};
 use crate::net::router::{Group, Router};
 use crate::scripts::{self, Kind};
-use crate::time::{far_future, jitter};
+use crate::time::{far_future, jitter, warn_limited};
 
 /// The shortest renewal interval the watchdog accepts. Renewing thousands of
 /// locks more often than this would turn the watchdog into a load on Redis.
@@ -245,8 +245,9 @@ impl Watchdog {
                 .counters
                 .unsettled
                 .fetch_sub(1, Ordering::Relaxed);
-            log::warn!(
-                "redlease: cannot start the watchdog thread ({e}); a request on {:?} whose \
+            warn_limited!(
+                "watchdog thread",
+                "cannot start the watchdog thread ({e}); a request on {:?} whose \
                  reply was lost is left to the lease",
                 request.name
             );
@@ -354,7 +355,7 @@ impl Inner {
                 self.renew(renewals);
             }
         }
-        log::debug!("redlease-watchdog: stopped");
+        log::debug!("stopped");
     }
 
     /// Sleeps until something is due; takes what is due (renewals within
@@ -465,7 +466,7 @@ impl Inner {
             if u.sent.elapsed() >= window && u.expires() {
                 // No copy of it can arrive any more, and its lease is long gone.
                 log::warn!(
-                    "redlease: gave up settling a request on {:?} after {window:?}",
+                    "gave up settling a request on {:?} after {window:?}",
                     u.name
                 );
                 u.set_done();
@@ -509,11 +510,7 @@ impl Inner {
                     }
                     u.set_done();
                     if applied == 1 {
-                        log::info!(
-                            "redlease: {} of {:?} whose reply was lost",
-                            u.what(),
-                            u.name
-                        );
+                        log::info!("{} of {:?} whose reply was lost", u.what(), u.name);
                     }
                 }
                 Err(e) if !e.needs_settle() => {
@@ -521,7 +518,7 @@ impl Inner {
                     // pass (e.g. the key is no longer a lock): nothing of
                     // ours is left to settle.
                     log::warn!(
-                        "redlease: settling a request on {:?} failed for good ({e}); giving up",
+                        "settling a request on {:?} failed for good ({e}); giving up",
                         u.name
                     );
                     u.set_done();
@@ -541,13 +538,13 @@ impl Inner {
                     };
                     if first {
                         log::warn!(
-                            "redlease: settling a request on {:?} failed ({e}); retrying until \
+                            "settling a request on {:?} failed ({e}); retrying until \
                              redis takes it (requests pending: see ClientStats::\
                              unsettled_requests)",
                             u.name
                         );
                     } else {
-                        log::debug!("redlease: settling a request on {:?} failed ({e})", u.name);
+                        log::debug!("settling a request on {:?} failed ({e})", u.name);
                     }
                     failed.extend(node);
                     again.push((Instant::now() + backoff, tries.saturating_add(1), u));
@@ -586,10 +583,7 @@ impl Inner {
             .iter()
             .filter(|o| matches!(o, Some(Outcome::Renewed)))
             .count();
-        log::debug!(
-            "redlease-watchdog: renewed {renewed} of {} leases",
-            batch.len()
-        );
+        log::debug!("renewed {renewed} of {} leases", batch.len());
         self.counters
             .renewals
             .fetch_add(renewed as u64, Ordering::Relaxed);
@@ -705,10 +699,10 @@ impl Inner {
     /// Counts, logs and calls back a hold that was just marked lost.
     fn report(&self, hold: &Hold, why: &str) {
         self.counters.lost.fetch_add(1, Ordering::Relaxed);
-        log::error!("redlease: lock {:?} was lost: {why}", hold.name);
+        log::error!("lock {:?} was lost: {why}", hold.name);
         if let Some(cb) = &self.on_lost {
             if catch_unwind(AssertUnwindSafe(|| cb(&hold.name))).is_err() {
-                log::error!("redlease: the on_lock_lost callback panicked");
+                log::error!("the on_lock_lost callback panicked");
             }
         }
         hold.tell_lost();
@@ -758,8 +752,9 @@ impl Inner {
             let replies = match result {
                 Ok((_, Synced::No { wanted, acked })) => {
                     // Renewals too few replicas confirmed count as failed.
-                    log::warn!(
-                        "redlease-watchdog: renewals of {} leases not confirmed by replicas \
+                    warn_limited!(
+                        &format!("renewals unsynced on {}", group.node.name),
+                        "renewals of {} leases not confirmed by replicas \
                          ({acked} of {wanted} acknowledged); retrying",
                         group.chunks.iter().map(Vec::len).sum::<usize>()
                     );
@@ -767,15 +762,19 @@ impl Inner {
                 }
                 Ok((replies, _)) if replies.len() == group.chunks.len() => replies,
                 Ok(_) => {
-                    log::warn!("redlease-watchdog: renewal reply has the wrong length; retrying");
+                    warn_limited!(
+                        "renewal reply length",
+                        "renewal reply has the wrong length; retrying"
+                    );
                     continue;
                 }
                 Err(e) => {
                     if e.is_connection_error() {
                         self.router.node_failed();
                     }
-                    log::warn!(
-                        "redlease-watchdog: renewing {} leases on {} failed: {e}; retrying",
+                    warn_limited!(
+                        &format!("renewals failed on {}", group.node.name),
+                        "renewing {} leases on {} failed: {e}; retrying",
                         group.chunks.iter().map(Vec::len).sum::<usize>(),
                         group.node.name
                     );
@@ -799,7 +798,7 @@ impl Inner {
                             match self.renew_again(batch, &[i], false) {
                                 Some(v) => match parse_renewal(v, 1) {
                                     Ok(mut one) => outcomes[i] = one.pop(),
-                                    Err(e) => log::warn!("redlease-watchdog: {e}; retrying"),
+                                    Err(e) => warn_limited!("renewal reply", "{e}; retrying"),
                                 },
                                 None => retry_failed = true,
                             }
@@ -824,8 +823,9 @@ impl Inner {
                         }
                     }
                     redis::Value::ServerError(e) => {
-                        log::warn!(
-                            "redlease-watchdog: renewing {} leases failed: {}; retrying",
+                        warn_limited!(
+                            &format!("renewals refused: {}", e.code()),
+                            "renewing {} leases failed: {}; retrying",
                             chunk.len(),
                             redis::RedisError::from(e)
                         );
@@ -839,7 +839,7 @@ impl Inner {
                             outcomes[*i] = Some(o);
                         }
                     }
-                    Err(e) => log::warn!("redlease-watchdog: {e}; retrying"),
+                    Err(e) => warn_limited!("renewal reply", "{e}; retrying"),
                 }
             }
         }
@@ -876,9 +876,13 @@ impl Inner {
                     replies[i] = v;
                 }
             }
-            Ok(_) => log::warn!("redlease-watchdog: renewals after loading the script failed"),
-            Err(e) => log::warn!(
-                "redlease-watchdog: renewals after loading the script on {} failed: {e}",
+            Ok(_) => warn_limited!(
+                &format!("renewals after load on {}", group.node.name),
+                "renewals after loading the script failed"
+            ),
+            Err(e) => warn_limited!(
+                &format!("renewals after load on {}", group.node.name),
+                "renewals after loading the script on {} failed: {e}",
                 group.node.name
             ),
         }
@@ -910,8 +914,9 @@ impl Inner {
             Ok((v, Synced::Yes | Synced::NotNeeded)) => Some(v),
             Ok((_, Synced::No { .. })) => None,
             Err(e) => {
-                log::warn!(
-                    "redlease-watchdog: renewing {} leases failed: {e}; retrying",
+                warn_limited!(
+                    "renewal run again",
+                    "renewing {} leases failed: {e}; retrying",
                     chunk.len()
                 );
                 None

@@ -14,7 +14,7 @@ use crate::engine::waiting::{Attempt, Wait};
 use crate::error::{Error, Result};
 use crate::kinds::semaphore::{Held, Names, PERMIT_RECHECK};
 use crate::scripts;
-use crate::time::{deadline, duration_ms};
+use crate::time::{deadline, duration_ms, warn_limited};
 
 /// A distributed semaphore whose permits expire, shared with Redisson's
 /// `RPermitExpirableSemaphore` on the same name: `<name>` counts the permits
@@ -401,8 +401,9 @@ impl Drop for Permit {
             return;
         }
         if let Err(e) = self.return_permit() {
-            log::warn!(
-                "redlease: releasing permit {} of {:?} on drop failed: {e}",
+            warn_limited!(
+                "permit release on drop",
+                "releasing permit {} of {:?} on drop failed: {e}",
                 self.id,
                 self.sem.names.name
             );

@@ -220,7 +220,7 @@ impl Drop for Place<'_> {
         });
         if let Err(e) = left {
             log::debug!(
-                "redlease: leaving the line of {:?} failed ({e}); retried in the background",
+                "leaving the line of {:?} failed ({e}); retried in the background",
                 lock.name()
             );
             // Until it is settled, this thread's next operation on the lock

@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::kinds::lockable::LeaseGuard;
 use crate::net::pool::Synced;
 use crate::scripts;
+use crate::time::warn_limited;
 
 /// A held lock. Dropping it releases one hold (the lock is free once every
 /// re-entry of this thread is released); [`unlock`](LockGuard::unlock) does
@@ -272,13 +273,13 @@ impl Held {
                 let reply = self.send_release(&request);
                 match self.finish_release(request, reply) {
                     Ok(Some(_)) => log::info!(
-                        "redlease: lock {:?} was found lost but was still held in redis; \
+                        "lock {:?} was found lost but was still held in redis; \
                          released it",
                         hold.name
                     ),
                     Ok(None) => {}
                     Err(e) => log::debug!(
-                        "redlease: releasing lost lock {:?} failed ({e}); it is completed in \
+                        "releasing lost lock {:?} failed ({e}); it is completed in \
                          the background",
                         hold.name
                     ),
@@ -490,8 +491,9 @@ impl Drop for Held {
             return;
         }
         if let Err(e) = self.release() {
-            log::warn!(
-                "redlease: releasing lock {:?} on drop failed: {e}",
+            warn_limited!(
+                "lock release on drop",
+                "releasing lock {:?} on drop failed: {e}",
                 self.hold.name
             );
         }

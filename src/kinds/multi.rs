@@ -26,7 +26,7 @@ use crate::net::pool::{fan_out, Job, Synced};
 use crate::net::pubsub::{Notify, Subscription, Wake};
 use crate::net::router::Router;
 use crate::scripts::{self, AcquireReply};
-use crate::time::jitter;
+use crate::time::{jitter, warn_limited};
 
 /// A lock on a majority of independent Redis masters: the RedLock algorithm
 /// (see the README for what it does and does not guarantee).
@@ -115,13 +115,13 @@ impl LostListener for LossWatch {
         let lost = self.lost.fetch_add(1, Ordering::AcqRel) + 1;
         if self.held.saturating_sub(lost) < self.needed && !self.fired.swap(true, Ordering::AcqRel)
         {
-            log::error!("redlease: {:?} was lost: too few members held", self.name);
+            log::error!("{:?} was lost: too few members held", self.name);
             if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 (self.callback)(&self.name)
             }))
             .is_err()
             {
-                log::error!("redlease: an on_lock_lost callback panicked");
+                log::error!("an on_lock_lost callback panicked");
             }
         }
     }
@@ -631,10 +631,7 @@ impl Group {
         // Give back what the round took (a release that fails is completed
         // by its client in the background).
         if let Err(e) = release_all(round.guards) {
-            log::debug!(
-                "redlease: giving back {:?} after a failed round: {e}",
-                self.name()
-            );
+            log::debug!("giving back {:?} after a failed round: {e}", self.name());
         }
         let answered = n - round.errors.len();
         let mut errors = round.errors.into_iter().map(|(_, e)| e);
@@ -935,7 +932,11 @@ lockable_by_inherent!(MultiLock, MultiGuard);
 impl Drop for MultiGuard {
     fn drop(&mut self) {
         if let Err(e) = release_all(std::mem::take(&mut self.guards)) {
-            log::warn!("redlease: releasing {:?} on drop failed: {e}", self.name);
+            warn_limited!(
+                "multi release on drop",
+                "releasing {:?} on drop failed: {e}",
+                self.name
+            );
         }
     }
 }

@@ -31,6 +31,7 @@ use crate::net::pool::{send_once, Synced};
 use crate::net::pubsub::WakeRule;
 use crate::net::router::Router;
 use crate::scripts::{self, LockRef, PermitsOp, SemaphoreRef};
+use crate::time::warn_limited;
 
 /// The longest a waiter for permits goes without trying again when no
 /// message comes (and, for an expirable semaphore, no permit out expires
@@ -584,7 +585,7 @@ impl SemaphorePermits {
         });
         if let Err(e) = forgot {
             log::debug!(
-                "redlease: forgetting the record of permits of {:?} failed: {e}",
+                "forgetting the record of permits of {:?} failed: {e}",
                 names.name
             );
         }
@@ -601,8 +602,9 @@ impl Drop for SemaphorePermits {
             return;
         }
         if let Err(e) = self.return_permits() {
-            log::warn!(
-                "redlease: returning permits of semaphore {:?} on drop failed: {e}",
+            warn_limited!(
+                "permits release on drop",
+                "returning permits of semaphore {:?} on drop failed: {e}",
                 self.sem.names.name
             );
         }

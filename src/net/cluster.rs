@@ -35,7 +35,7 @@ use crate::net::pool::{
 use crate::net::pubsub::PubSub;
 use crate::net::target::Target;
 use crate::net::transport::{Addr, Connection, Endpoint};
-use crate::time::jitter;
+use crate::time::{jitter, warn_limited};
 
 /// Hash slots of a Redis Cluster.
 pub(crate) const SLOTS: usize = 16384;
@@ -287,13 +287,16 @@ impl Cluster {
             .spawn(move || {
                 if let Some(c) = me.upgrade() {
                     if let Err(e) = c.read_map() {
-                        log::warn!("redlease: cannot read the cluster's slot map: {e}");
+                        warn_limited!("slot map", "cannot read the cluster's slot map: {e}");
                     }
                     c.refresh_ended();
                 }
             });
         if let Err(e) = spawned {
-            log::warn!("redlease: cannot start a thread to read the slot map ({e})");
+            warn_limited!(
+                "slot map thread",
+                "cannot start a thread to read the slot map ({e})"
+            );
             self.refresh_ended();
         }
     }
@@ -309,7 +312,7 @@ impl Cluster {
             st.running = true;
         }
         if let Err(e) = self.read_map() {
-            log::debug!("redlease: the periodic read of the slot map failed: {e}");
+            log::debug!("the periodic read of the slot map failed: {e}");
         }
         self.refresh_ended();
     }
@@ -532,7 +535,7 @@ impl Cluster {
         if let Some(sharded) = sharded {
             self.sharded.store(sharded, Ordering::Release);
             log::info!(
-                "redlease: cluster pub/sub is {}",
+                "cluster pub/sub is {}",
                 if sharded {
                     "sharded (SSUBSCRIBE/SPUBLISH)"
                 } else {
@@ -568,7 +571,7 @@ impl Cluster {
         };
         drop(gone);
         if !old.is_empty() {
-            log::debug!("redlease: read the cluster's slot map again ({covered} slots served)");
+            log::debug!("read the cluster's slot map again ({covered} slots served)");
         }
         Ok(())
     }
@@ -625,7 +628,7 @@ impl Cluster {
             match (e.code(), redirect) {
                 (Some("MOVED"), Some((addr, s))) if redirects < MAX_REDIRECTS => {
                     let to = self.node_at(&addr)?;
-                    log::debug!("redlease: slot {s} moved to {addr}");
+                    log::debug!("slot {s} moved to {addr}");
                     self.set_owner(s, &to);
                     self.refresh_soon();
                     next = Some((to, false));

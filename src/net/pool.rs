@@ -10,7 +10,7 @@ use redis::{ConnectionLike, Value};
 use crate::error::{is_io_failure, is_refusal, Error, Result};
 use crate::net::target::Target;
 use crate::net::transport::{Connection, Waited};
-use crate::time::duration_ms;
+use crate::time::{duration_ms, warn_limited};
 
 /// A pooled connection and the pool epoch it was made in; or, when Redis
 /// refused the credentials or the TLS settings, that refusal.
@@ -134,7 +134,10 @@ impl r2d2::ManageConnection for Manager {
                 epoch,
             }),
             Err(error) if is_refusal(&error) => {
-                log::warn!("redlease: redis refused the connection: {error}");
+                warn_limited!(
+                    "connection refused",
+                    "redis refused the connection: {error}"
+                );
                 Ok(Conn {
                     link: Err(Refusal {
                         error,
@@ -400,11 +403,12 @@ impl Redis {
                     // A passing failure (the master may be failing over):
                     // keep the last count; a WAIT that finds fewer replicas
                     // has the count read again.
-                    log::debug!("redlease: reading the master's replicas failed ({e})");
+                    log::debug!("reading the master's replicas failed ({e})");
                     return;
                 }
-                log::warn!(
-                    "redlease: cannot read the master's replicas for replica sync ({e}); \
+                warn_limited!(
+                    "replica count",
+                    "cannot read the master's replicas for replica sync ({e}); \
                      writes go without WAIT until it can (grant +role)"
                 );
                 0
@@ -412,7 +416,7 @@ impl Redis {
         };
         let old = self.replicas.swap(count, Ordering::AcqRel);
         if old != count && old >= 0 {
-            log::info!("redlease: the master has {count} replica(s) now (was {old})");
+            log::info!("the master has {count} replica(s) now (was {old})");
         }
     }
 
@@ -458,7 +462,7 @@ impl Redis {
                 // is read again in a second.
                 if !self.wait_refused.swap(true, Ordering::AcqRel) {
                     log::warn!(
-                        "redlease: redis refused WAIT ({why}); lock writes go without replica \
+                        "redis refused WAIT ({why}); lock writes go without replica \
                          sync (grant +wait)"
                     );
                 }
@@ -474,8 +478,9 @@ impl Redis {
         }
         // A replica may have gone: count them again before the next write.
         self.replicas_at.store(0, Ordering::Release);
-        log::warn!(
-            "redlease: {acked} of {wanted} replica(s) acknowledged a lock write within {timeout:?}"
+        warn_limited!(
+            "replica acks",
+            "{acked} of {wanted} replica(s) acknowledged a lock write within {timeout:?}"
         );
         Synced::No { wanted, acked }
     }
@@ -800,7 +805,7 @@ pub(crate) struct WarnOnError;
 
 impl r2d2::HandleError<ManagerError> for WarnOnError {
     fn handle_error(&self, error: ManagerError) {
-        log::warn!("redlease: cannot connect to redis: {error}");
+        warn_limited!("connect", "cannot connect to redis: {error}");
     }
 }
 

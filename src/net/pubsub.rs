@@ -65,7 +65,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::error::{Error, Result};
 use crate::net::target::Target;
 use crate::net::transport::Stream;
-use crate::time::jitter;
+use crate::time::{jitter, warn_limited};
 
 /// First wait before retrying a connection that has not proven itself.
 const MIN_BACKOFF: Duration = Duration::from_millis(20);
@@ -883,7 +883,7 @@ impl Inner {
     fn move_channel(&self, channel: &Channel, to: Option<&str>) {
         let latches = self.forget(channel);
         log::info!(
-            "redlease-pubsub: channel {:?} left this node{}; its waiters follow it",
+            "channel {:?} left this node{}; its waiters follow it",
             channel.name,
             to.map(|a| format!(" for {a}")).unwrap_or_default()
         );
@@ -925,7 +925,7 @@ impl Inner {
                 // subscribes every channel that still has waiters.
                 if let Some(stream) = stream {
                     if let Err(e) = stream.write_all(&buf) {
-                        log::debug!("redlease-pubsub: write failed: {e}");
+                        log::debug!("write failed: {e}");
                         stream.shutdown();
                     }
                 }
@@ -981,7 +981,7 @@ impl Inner {
     /// and the entry goes, so that a later waiter tries again.
     fn fail_channel(&self, channel: &Channel, e: &redis::ServerError) {
         let err = refused_error(&channel.name, e);
-        log::warn!("redlease-pubsub: {err}");
+        warn_limited!("subscribe refused", "{err}");
         let latches = self.forget(channel);
         for latch in latches {
             latch.fail(&err);
@@ -1039,7 +1039,7 @@ impl Inner {
                 Ok((stream, parser)) => {
                     if connected_before {
                         self.reconnects.fetch_add(1, Ordering::Relaxed);
-                        log::info!("redlease-pubsub: reconnected to redis");
+                        log::info!("reconnected to redis");
                     }
                     connected_before = true;
                     let err = self.serve(&stream, parser);
@@ -1056,7 +1056,7 @@ impl Inner {
                         // The master moved: go to the new one now.
                         while self.kick.1.try_recv().is_ok() {}
                         backoff = MIN_BACKOFF;
-                        log::info!("redlease-pubsub: the master moved; reconnecting");
+                        log::info!("the master moved; reconnecting");
                         continue;
                     }
                     // The connection had proven itself: replace it at once,
@@ -1066,11 +1066,15 @@ impl Inner {
                     if last_fast.is_none_or(|t| now.duration_since(t) >= FAST_RECONNECT_EVERY) {
                         last_fast = Some(now);
                         backoff = MIN_BACKOFF;
-                        log::warn!("redlease-pubsub: connection lost ({err}); reconnecting");
+                        warn_limited!(
+                            "pubsub connection lost",
+                            "connection lost ({err}); reconnecting"
+                        );
                     } else {
                         let d = jitter(backoff, 0.5);
-                        log::warn!(
-                            "redlease-pubsub: connection lost ({err}); reconnecting in {d:?}"
+                        warn_limited!(
+                            "pubsub connection lost",
+                            "connection lost ({err}); reconnecting in {d:?}"
                         );
                         backoff = (backoff * 2).min(MAX_BACKOFF);
                         pause = Some(d);
@@ -1082,13 +1086,13 @@ impl Inner {
                         self.move_all();
                     }
                     let d = jitter(backoff, 0.5);
-                    log::warn!("redlease-pubsub: {e}; retrying in {d:?}");
+                    warn_limited!("pubsub connect", "{e}; retrying in {d:?}");
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                     pause = Some(d);
                 }
             }
         }
-        log::debug!("redlease-pubsub: stopped");
+        log::debug!("stopped");
     }
 
     /// Connects and has the connection prove itself: AUTH (if configured)
@@ -1233,17 +1237,17 @@ impl Inner {
                             self.move_channel(&c, None);
                         }
                         Some(c) => self.fail_channel(&c, &e),
-                        None => log::warn!("redlease-pubsub: redis refused a command ({e})"),
+                        None => warn_limited!("pubsub refused", "redis refused a command ({e})"),
                     }
                     self.set_acked(seq);
                 }
                 (Reply::Refused(e), Some(Sent::Unsubscribe { seq, .. })) => {
-                    log::warn!("redlease-pubsub: redis refused UNSUBSCRIBE ({e})");
+                    warn_limited!("unsubscribe refused", "redis refused UNSUBSCRIBE ({e})");
                     self.set_acked(seq);
                 }
                 (Reply::Pong, Some(Sent::Ping)) => {}
                 (Reply::Refused(e), Some(Sent::Ping)) => {
-                    log::debug!("redlease-pubsub: redis refused PING ({e})");
+                    log::debug!("redis refused PING ({e})");
                 }
                 _ => {
                     break redis::RedisError::from((

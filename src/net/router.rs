@@ -18,7 +18,7 @@ use crate::net::cluster::{slot, Cluster};
 use crate::net::node::Node;
 use crate::net::pool::{Counters, Synced};
 use crate::net::transport::Connection;
-use crate::time::jitter;
+use crate::time::{jitter, warn_limited};
 
 /// The nodes of a client.
 enum Topology {
@@ -241,7 +241,7 @@ impl Router {
                     _ => e,
                 });
             }
-            log::debug!("redlease: {key:?}: {e}; routing again in {wait:?}");
+            log::debug!("{key:?}: {e}; routing again in {wait:?}");
             if e.maybe_applied() && first.is_none() {
                 first = Some(e);
             }
@@ -327,7 +327,7 @@ fn group_by_slot<'a>(
     let owners = match cluster.owners_of(&slots) {
         Ok(o) => o,
         Err(e) => {
-            log::warn!("redlease: cannot route a batch: {e}");
+            warn_limited!("route batch", "cannot route a batch: {e}");
             return Vec::new();
         }
     };

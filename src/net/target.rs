@@ -240,20 +240,12 @@ impl Sentinel {
         if changed {
             let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
             if generation > 1 {
-                log::warn!(
-                    "redlease: the master of {:?} is now {}",
-                    self.name,
-                    endpoint.addr
-                );
+                log::warn!("the master of {:?} is now {}", self.name, endpoint.addr);
                 for f in self.listeners.lock().iter() {
                     f();
                 }
             } else {
-                log::info!(
-                    "redlease: the master of {:?} is {}",
-                    self.name,
-                    endpoint.addr
-                );
+                log::info!("the master of {:?} is {}", self.name, endpoint.addr);
             }
         }
     }
@@ -271,12 +263,12 @@ impl Sentinel {
                 Ok(addr) if addr.to_string() == known => return,
                 Ok(addr) => {
                     if let Err(e) = self.verify(addr.clone()).map(|e| self.switch(&e)) {
-                        log::debug!("redlease: new master {addr} not ready: {e}");
+                        log::debug!("new master {addr} not ready: {e}");
                     }
                     return;
                 }
                 Err(e) => log::debug!(
-                    "redlease: sentinel {} did not answer the check: {e}",
+                    "sentinel {} did not answer the check: {e}",
                     self.sentinels[i].addr
                 ),
             }

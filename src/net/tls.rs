@@ -59,7 +59,7 @@ impl Tls {
             .map_err(|e| format!("cannot set up TLS: {e}"))?;
         let builder = if insecure {
             log::warn!(
-                "redlease: {host}: #insecure in the url turns off all certificate \
+                "{host}: #insecure in the url turns off all certificate \
                  checks: anyone on the path can read and change the traffic"
             );
             builder
@@ -163,11 +163,11 @@ fn roots(pem: Option<&[u8]>) -> Result<rustls::RootCertStore, String> {
         None => {
             let found = rustls_native_certs::load_native_certs();
             for e in &found.errors {
-                log::warn!("redlease: reading the system's CA certificates: {e}");
+                log::warn!("reading the system's CA certificates: {e}");
             }
             let (_, ignored) = store.add_parsable_certificates(found.certs);
             if ignored > 0 {
-                log::debug!("redlease: {ignored} system CA certificates were unusable");
+                log::debug!("{ignored} system CA certificates were unusable");
             }
             if store.is_empty() {
                 return Err("no CA certificates found on this system to verify the \

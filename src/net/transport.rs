@@ -484,7 +484,7 @@ impl Connection {
             if let Value::ServerError(e) = self.receive()? {
                 // The request behind it is refused too (as without ASKING):
                 // its own reply says why.
-                log::debug!("redlease: redis refused ASKING: {}", RedisError::from(e));
+                log::debug!("redis refused ASKING: {}", RedisError::from(e));
             }
         }
         Ok(())

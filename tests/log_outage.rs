@@ -1,0 +1,135 @@
+//! During an outage redlease's warnings come at most once a second per
+//! cause (renewals retried every 250 ms, guards dropped one after another,
+//! the subscriber reconnecting), each under its module's target and
+//! without a text prefix. In its own binary: it installs a global logger
+//! that keeps every warning.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redlease::Client;
+use redlease_testkit::{wait_until, RedisServer};
+
+/// Keeps redlease's `warn` lines: when, the target, the message.
+struct Keeper {
+    lines: Mutex<Vec<(Instant, String, String)>>,
+}
+
+impl log::Log for Keeper {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::Level::Warn
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        if record.level() == log::Level::Warn && record.target().starts_with("redlease") {
+            self.lines.lock().unwrap().push((
+                Instant::now(),
+                record.target().to_owned(),
+                record.args().to_string(),
+            ));
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+static KEEPER: Keeper = Keeper {
+    lines: Mutex::new(Vec::new()),
+};
+
+/// What a warning is about, without what varies from one time to the next:
+/// its target and the words of its message before the first parenthesis
+/// or colon, digits left out.
+fn cause(target: &str, message: &str) -> String {
+    let head = message.split(['(', ':']).next().unwrap_or(message);
+    let words: String = head.chars().filter(|c| !c.is_ascii_digit()).collect();
+    format!("{target} {}", words.trim())
+}
+
+#[test]
+fn an_outage_warns_at_most_once_a_second_per_cause() {
+    log::set_logger(&KEEPER).expect("the only logger of this binary");
+    log::set_max_level(log::LevelFilter::Warn);
+    let server = RedisServer::start();
+    let patient = |lease: Duration| {
+        Client::builder(server.url())
+            .watchdog_timeout(lease)
+            .response_timeout(Duration::from_millis(200))
+            .connection_timeout(Duration::from_millis(200))
+            .build()
+            .expect("client")
+    };
+    let a = patient(Duration::from_secs(20));
+    let b = patient(Duration::from_secs(20));
+    // Watched locks (renewed every ~6.7 s; retried every 250 ms once a
+    // renewal fails), guards to drop while Redis is down, and a waiter
+    // whose subscriber reconnects.
+    let watched: Vec<_> = (0..5)
+        .map(|i| {
+            a.lock(format!("w:{i}"))
+                .with_renew_interval(Duration::from_millis(200))
+                .lock()
+                .expect("lock")
+        })
+        .collect();
+    let dropped: Vec<_> = (0..10)
+        .map(|i| {
+            a.lock(format!("d:{i}"))
+                .lock_with_lease(Duration::from_secs(60))
+                .expect("lock")
+        })
+        .collect();
+    let _held = b.lock("busy").lock().expect("busy");
+    let waiter = {
+        let lock = a.lock("busy");
+        thread::spawn(move || {
+            lock.try_lock_for(Duration::from_secs(6))
+                .map(|g| g.is_some())
+        })
+    };
+    wait_until("the waiter to subscribe", Duration::from_secs(10), || {
+        a.stats().subscribed_channels > 0
+    });
+
+    let down = Instant::now();
+    server.kill();
+    for g in dropped {
+        drop(g); // each release fails and warns, one after another
+    }
+    // The outage: renewals fail and are retried, the subscriber reconnects.
+    thread::sleep(Duration::from_secs(3));
+    server.restart();
+    let _ = waiter.join().expect("the waiter");
+    drop(watched);
+
+    let lines = KEEPER.lines.lock().unwrap().clone();
+    println!("{} warnings in the outage and after:", lines.len());
+    for (at, target, message) in &lines {
+        println!(
+            "  +{:>6.3}s {target}: {message}",
+            at.duration_since(down).as_secs_f64()
+        );
+    }
+    assert!(!lines.is_empty(), "the outage was noticed");
+    let mut last: HashMap<String, Instant> = HashMap::new();
+    for (at, target, message) in &lines {
+        assert!(
+            target.starts_with("redlease::"),
+            "a warning under target {target:?}, not its module's"
+        );
+        assert!(
+            !message.starts_with("redlease"),
+            "a text prefix in {message:?}: the target says where it comes from"
+        );
+        let cause = cause(target, message);
+        if let Some(before) = last.insert(cause.clone(), *at) {
+            let gap = at.duration_since(before);
+            assert!(
+                gap >= Duration::from_millis(990),
+                "{cause:?} warned twice within {gap:?}"
+            );
+        }
+    }
+}
