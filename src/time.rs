@@ -14,39 +14,55 @@ pub(crate) const WARN_EVERY: Duration = Duration::from_secs(1);
 static WARNED: LazyLock<Mutex<HashMap<String, (Instant, u64)>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
-/// Whether a warning of `cause` may go out now: `Some(n)` with the number
-/// held back since the last one, or `None` within [`WARN_EVERY`] of it (it
-/// is counted). Causes quiet for a minute are forgotten.
-pub(crate) fn warn_allowed(cause: &str) -> Option<u64> {
+/// Whether a warning of `cause` may go out now: `Some((n, since))` with the
+/// number held back since the last one went out, `since` ago; `None`
+/// within [`WARN_EVERY`] of it (it is counted). When the map of causes is
+/// full, those quiet for a minute are forgotten.
+pub(crate) fn warn_allowed(cause: &str) -> Option<(u64, Duration)> {
     let now = Instant::now();
     let mut warned = WARNED.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some((last, held)) = warned.get_mut(cause) {
-        if now.duration_since(*last) < WARN_EVERY {
+        let since = now.duration_since(*last);
+        if since < WARN_EVERY {
             *held += 1;
             return None;
         }
         let n = std::mem::take(held);
         *last = now;
-        return Some(n);
+        return Some((n, since));
     }
     if warned.len() >= 256 {
         warned.retain(|_, (last, _)| now.duration_since(*last) < Duration::from_secs(60));
     }
     warned.insert(cause.to_owned(), (now, 0));
-    Some(0)
+    Some((0, Duration::ZERO))
 }
 
 /// `log::warn!`, at most once a second for the same `cause` (a string
 /// naming what failed and where, without what varies from one time to the
 /// next): during an outage a warning that would repeat on every retry is
-/// one line a second, with the number held back.
+/// one line a second, with the number held back since the last one. Not
+/// for what must be seen each time: `warn_limited!(unless lost, ...)` lets
+/// every warning through when `lost` holds (a lock or permit lost is told
+/// each time).
 macro_rules! warn_limited {
+    (unless $always:expr, $cause:expr, $($arg:tt)+) => {
+        if $always {
+            log::warn!($($arg)+);
+        } else {
+            $crate::time::warn_limited!($cause, $($arg)+);
+        }
+    };
     ($cause:expr, $($arg:tt)+) => {
-        if let Some(held) = $crate::time::warn_allowed($cause) {
+        if let Some((held, since)) = $crate::time::warn_allowed($cause) {
             if held == 0 {
                 log::warn!($($arg)+);
             } else {
-                log::warn!("{} ({held} more like it not shown)", format_args!($($arg)+));
+                log::warn!(
+                    "{} ({held} more like it in the {:.1} s before, not shown)",
+                    format_args!($($arg)+),
+                    since.as_secs_f64()
+                );
             }
         }
     };
@@ -81,4 +97,25 @@ pub(crate) fn jitter(d: Duration, spread: f64) -> Duration {
     let r = std::collections::hash_map::RandomState::new().hash_one(Instant::now());
     let unit = (r >> 11) as f64 / (1u64 << 53) as f64;
     d.mul_f64(1.0 - spread + 2.0 * spread * unit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One warning a second per cause, the rest counted and told with the
+    /// next one, with how long they span.
+    #[test]
+    fn a_cause_warns_once_a_second_and_counts_the_rest() {
+        let cause = "time::tests one cause";
+        assert_eq!(warn_allowed(cause), Some((0, Duration::ZERO)));
+        assert_eq!(warn_allowed(cause), None);
+        assert_eq!(warn_allowed(cause), None);
+        assert!(warn_allowed("time::tests another cause").is_some());
+        std::thread::sleep(WARN_EVERY + Duration::from_millis(10));
+        let (held, since) = warn_allowed(cause).expect("a second later");
+        assert_eq!(held, 2);
+        assert!(since >= WARN_EVERY, "{since:?}");
+        assert_eq!(warn_allowed(cause), None);
+    }
 }

@@ -401,7 +401,9 @@ impl Drop for Permit {
             return;
         }
         if let Err(e) = self.return_permit() {
+            // A lost lock (or permit) is told each time.
             warn_limited!(
+                unless e.is_lock_lost(),
                 "permit release on drop",
                 "releasing permit {} of {:?} on drop failed: {e}",
                 self.id,

@@ -491,7 +491,9 @@ impl Drop for Held {
             return;
         }
         if let Err(e) = self.release() {
+            // A lost lock (or permit) is told each time.
             warn_limited!(
+                unless e.is_lock_lost(),
                 "lock release on drop",
                 "releasing lock {:?} on drop failed: {e}",
                 self.hold.name

@@ -932,7 +932,9 @@ lockable_by_inherent!(MultiLock, MultiGuard);
 impl Drop for MultiGuard {
     fn drop(&mut self) {
         if let Err(e) = release_all(std::mem::take(&mut self.guards)) {
+            // A lost lock (or permit) is told each time.
             warn_limited!(
+                unless e.is_lock_lost(),
                 "multi release on drop",
                 "releasing {:?} on drop failed: {e}",
                 self.name

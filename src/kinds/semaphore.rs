@@ -602,7 +602,9 @@ impl Drop for SemaphorePermits {
             return;
         }
         if let Err(e) = self.return_permits() {
+            // A lost lock (or permit) is told each time.
             warn_limited!(
+                unless e.is_lock_lost(),
                 "permits release on drop",
                 "returning permits of semaphore {:?} on drop failed: {e}",
                 self.sem.names.name
