@@ -415,9 +415,9 @@ impl Inner {
                     if let Some(token) = e.hold.take_due(t) {
                         // A capped hold is renewed up to its cap, no further,
                         // and not at all once the cap has come (within its own
-                        // slack: none for an entry due at its cap).
-                        // (The cap is read only for a hold that has one: it
-                        // sits past the lines every renewal reads.)
+                        // slack: none for an entry due at its cap). The cap is
+                        // read only for a hold that has one: it sits past the
+                        // cache lines every renewal reads.
                         let (lease_ms, capped) = if e.hold.capped {
                             (
                                 e.hold.capped_lease_ms(e.lease_ms, now),
@@ -676,11 +676,11 @@ impl Inner {
     /// lost.
     fn stop_capped(&self, capped: Vec<Renewal>) {
         {
-            let st = self.state.lock();
+            // An entry changes under the schedule's lock (see `Hold::sched`).
+            let _schedule = self.state.lock();
             for r in &capped {
                 *r.hold.sched() = Sched::Idle;
             }
-            drop(st);
         }
         for r in capped {
             self.lose(

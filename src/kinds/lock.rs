@@ -655,19 +655,20 @@ impl Lock {
         let held = existing.as_ref().map_or(0, |h| h.count());
         let watched = terms.renew.is_some();
         // A re-entry never shortens the lease that watched guards need; the
-        // undo of a lost re-entry re-applies what the hold needs now.
-        // A new hold's lease ends at its cap at the latest; a re-entry's and
-        // the one an undo re-applies, at the hold's cap (set by its first
-        // acquisition: a re-entry through a handle with another cap changes
-        // nothing).
-        let now = Instant::now();
-        let lease_ms = match &existing {
-            Some(h) => h.capped_lease_ms(h.reentry_lease_ms(terms.lease_ms, watched), now),
-            None => terms.new_hold_lease_ms(),
+        // undo of a lost re-entry re-applies what the hold needs now. Both
+        // end at the hold's cap at the latest (its first acquisition's: a
+        // re-entry through a handle with another cap changes nothing), as
+        // does a new hold's lease at its own.
+        let (lease_ms, restore_ms) = match &existing {
+            Some(h) => {
+                let now = Instant::now();
+                (
+                    h.capped_lease_ms(h.reentry_lease_ms(terms.lease_ms, watched), now),
+                    h.capped_lease_ms(h.needed_lease_ms(), now),
+                )
+            }
+            None => (terms.new_hold_lease_ms(), 0),
         };
-        let restore_ms = existing
-            .as_ref()
-            .map_or(0, |h| h.capped_lease_ms(h.needed_lease_ms(), now));
         let n = shared.next_request();
         let marker = scripts::acquire_cancel_name(&self.name, &field, n);
         // A reader's hold keys, and its thread's writer field.

@@ -5,8 +5,9 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use crate::engine::waiting::Wait;
 use crate::error::Result;
-use crate::kinds::guard::Held;
+use crate::kinds::guard::{Held, LockGuard};
 use crate::kinds::lock::Lock;
 use crate::kinds::lockable::{lockable_by_inherent, LeaseGuard};
 
@@ -113,7 +114,7 @@ impl OwnedLock {
     /// As for [`Lock::lock`].
     pub fn try_lock(&self) -> Result<Option<OwnedLockGuard>> {
         let terms = self.lock.watchdog_terms()?;
-        self.guard(self.lock.acquire(crate::engine::waiting::Wait::No, &terms))
+        self.guard(self.lock.acquire(Wait::No, &terms))
     }
 
     /// Acquires the lock, waiting at most `wait`; `None` if it stayed busy.
@@ -123,10 +124,7 @@ impl OwnedLock {
     /// As for [`Lock::lock`].
     pub fn try_lock_for(&self, wait: Duration) -> Result<Option<OwnedLockGuard>> {
         let terms = self.lock.watchdog_terms()?;
-        self.guard(
-            self.lock
-                .acquire(crate::engine::waiting::Wait::after(wait), &terms),
-        )
+        self.guard(self.lock.acquire(Wait::after(wait), &terms))
     }
 
     /// Acquires the lock, waiting until `deadline` at the latest; `None` if
@@ -137,10 +135,7 @@ impl OwnedLock {
     /// As for [`Lock::lock`].
     pub fn try_lock_until(&self, deadline: Instant) -> Result<Option<OwnedLockGuard>> {
         let terms = self.lock.watchdog_terms()?;
-        self.guard(
-            self.lock
-                .acquire(crate::engine::waiting::Wait::Until(deadline), &terms),
-        )
+        self.guard(self.lock.acquire(Wait::Until(deadline), &terms))
     }
 
     /// Acquires the lock with a fixed `lease` (never renewed), waiting as
@@ -166,10 +161,7 @@ impl OwnedLock {
         lease: Duration,
     ) -> Result<Option<OwnedLockGuard>> {
         let terms = self.lock.lease_terms(lease)?;
-        self.guard(
-            self.lock
-                .acquire(crate::engine::waiting::Wait::after(wait), &terms),
-        )
+        self.guard(self.lock.acquire(Wait::after(wait), &terms))
     }
 
     /// `true` if anyone holds the lock (see [`Lock::is_locked`]).
@@ -199,10 +191,7 @@ impl OwnedLock {
         self.lock.force_unlock()
     }
 
-    fn guard(
-        &self,
-        got: Result<Option<crate::kinds::guard::LockGuard>>,
-    ) -> Result<Option<OwnedLockGuard>> {
+    fn guard(&self, got: Result<Option<LockGuard>>) -> Result<Option<OwnedLockGuard>> {
         got.map(|g| g.map(OwnedLockGuard::new))
     }
 }
@@ -232,7 +221,7 @@ pub struct OwnedLockGuard {
 }
 
 impl OwnedLockGuard {
-    fn new(guard: crate::kinds::guard::LockGuard) -> OwnedLockGuard {
+    fn new(guard: LockGuard) -> OwnedLockGuard {
         OwnedLockGuard {
             held: guard.into_held(),
         }
