@@ -1,5 +1,6 @@
 //! A randomized safety test: threads of three clients take two locks with
-//! mixed lease kinds, re-entries and tiny leases, while a fault injector
+//! mixed lease kinds, re-entries, tiny leases and owned acquisitions (some
+//! released on another thread), while a fault injector
 //! delays, drops and cuts random single requests and replies (one rule at a
 //! time, replaced every 10-40 ms). The oracle
 //! flags any instant at which two holders both believed (by `ensure_held()`)
@@ -14,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redlease::Client;
+use redlease::{Client, LeaseGuard, LockGuard, OwnedLockGuard};
 
 use crate::faults_common::figure;
 use crate::support::{Fault, Proxy, RedisServer};
@@ -63,6 +64,32 @@ struct Span {
     valid_ms: u128,
     /// What this owner did in this span and the one before, for a report.
     log: Arc<Vec<String>>,
+}
+
+/// A thread-owned or an owned acquisition.
+enum Taken {
+    Thread(LockGuard),
+    Owned(OwnedLockGuard),
+}
+
+impl Taken {
+    fn guard(&self) -> &dyn LeaseGuard {
+        match self {
+            Taken::Thread(g) => g,
+            Taken::Owned(g) => g,
+        }
+    }
+
+    /// Releases it; an owned one on another thread when `elsewhere`.
+    fn unlock(self, elsewhere: bool) -> redlease::Result<()> {
+        match self {
+            Taken::Thread(g) => g.unlock(),
+            Taken::Owned(g) if elsewhere => thread::spawn(move || g.unlock())
+                .join()
+                .expect("the releasing thread"),
+            Taken::Owned(g) => g.unlock(),
+        }
+    }
 }
 
 fn sha(source: &str) -> Vec<u8> {
@@ -172,13 +199,20 @@ fn randomized_faults_never_let_two_holders_believe_at_once() {
                     let name = LOCKS[rng.below(2) as usize];
                     let lock = client.lock(name);
                     let wait = rng.ms(0, 200);
-                    let kind = rng.below(4);
+                    let kind = rng.below(6);
                     let acquired = match kind {
-                        0 => lock.try_lock_for(wait),
-                        1 => lock.try_lock(),
-                        _ => lock.try_lock_with_lease(wait, rng.ms(30, 200)),
+                        0 => lock.try_lock_for(wait).map(|g| g.map(Taken::Thread)),
+                        1 => lock.try_lock().map(|g| g.map(Taken::Thread)),
+                        2 | 3 => lock
+                            .try_lock_with_lease(wait, rng.ms(30, 200))
+                            .map(|g| g.map(Taken::Thread)),
+                        4 => lock.owned().try_lock_for(wait).map(|g| g.map(Taken::Owned)),
+                        _ => lock
+                            .owned()
+                            .try_lock_with_lease(wait, rng.ms(30, 200))
+                            .map(|g| g.map(Taken::Owned)),
                     };
-                    let guard = match acquired {
+                    let taken = match acquired {
                         Ok(Some(g)) => g,
                         Ok(None) => continue,
                         Err(e) => {
@@ -187,6 +221,7 @@ fn randomized_faults_never_let_two_holders_believe_at_once() {
                             continue;
                         }
                     };
+                    let guard = taken.guard();
                     note(format!(
                         "{name} outer {kind} acquired, valid {:?}",
                         guard
@@ -197,7 +232,9 @@ fn randomized_faults_never_let_two_holders_believe_at_once() {
                     acquisitions.fetch_add(1, Ordering::Relaxed);
                     // Mostly re-enter, with either lease kind: releasing the
                     // re-entry changes the lease the outer guard relies on.
-                    let inner_kind = rng.below(4);
+                    // (An owned acquisition is never re-entered: this thread's
+                    // try is another owner's, and fails while it holds.)
+                    let inner_kind = if kind >= 4 { 3 } else { rng.below(4) };
                     let inner = match inner_kind {
                         0 | 1 => lock.try_lock().ok().flatten(),
                         2 => lock
@@ -251,7 +288,7 @@ fn randomized_faults_never_let_two_holders_believe_at_once() {
                             from,
                             to,
                             how: [
-                                b"fnLL"[kind as usize],
+                                b"fnLLoO"[kind as usize],
                                 b"wwL-"[inner_kind as usize],
                                 if inner.is_some() { b'i' } else { b'-' },
                                 inner_released,
@@ -261,7 +298,7 @@ fn randomized_faults_never_let_two_holders_believe_at_once() {
                         });
                     }
                     drop(inner);
-                    let r = guard.unlock();
+                    let r = taken.unlock(rng.below(2) == 0);
                     log.push(format!("{:>8} us unlock {r:?}", t0.elapsed().as_micros()));
                 }
             }));
