@@ -11,7 +11,7 @@ use crate::engine::owners::{is_latest, owner_state, remove_hold, settle};
 use crate::engine::shared::Shared;
 use crate::engine::unsettled::{keys, Lost, Unsettled};
 use crate::error::{Error, Result};
-use crate::kinds::lockable::LeaseGuard;
+use crate::kinds::lockable::lease_guard_by_inherent;
 use crate::net::pool::Synced;
 use crate::scripts;
 use crate::time::warn_limited;
@@ -463,27 +463,7 @@ pub(crate) enum Release {
     Send(ReleaseStep),
 }
 
-impl LeaseGuard for LockGuard {
-    fn name(&self) -> &str {
-        LockGuard::name(self)
-    }
-
-    fn is_lost(&self) -> bool {
-        LockGuard::is_lost(self)
-    }
-
-    fn ensure_held(&self) -> Result<()> {
-        LockGuard::ensure_held(self)
-    }
-
-    fn valid_until(&self) -> Instant {
-        LockGuard::valid_until(self)
-    }
-
-    fn unlock(self) -> Result<()> {
-        LockGuard::unlock(self)
-    }
-}
+lease_guard_by_inherent!(LockGuard);
 
 impl Drop for Held {
     fn drop(&mut self) {

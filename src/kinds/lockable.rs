@@ -176,3 +176,33 @@ macro_rules! lockable_by_inherent {
 }
 
 pub(crate) use lockable_by_inherent;
+
+/// Implements [`LeaseGuard`] for a guard by its inherent methods of the
+/// same names.
+macro_rules! lease_guard_by_inherent {
+    ($guard:ty) => {
+        impl $crate::kinds::lockable::LeaseGuard for $guard {
+            fn name(&self) -> &str {
+                <$guard>::name(self)
+            }
+
+            fn is_lost(&self) -> bool {
+                <$guard>::is_lost(self)
+            }
+
+            fn ensure_held(&self) -> $crate::error::Result<()> {
+                <$guard>::ensure_held(self)
+            }
+
+            fn valid_until(&self) -> std::time::Instant {
+                <$guard>::valid_until(self)
+            }
+
+            fn unlock(self) -> $crate::error::Result<()> {
+                <$guard>::unlock(self)
+            }
+        }
+    };
+}
+
+pub(crate) use lease_guard_by_inherent;

@@ -20,7 +20,7 @@ use crate::engine::waiting::failed_recheck;
 use crate::error::{Error, Result};
 use crate::kinds::guard::{LockGuard, Release};
 use crate::kinds::lock::{Attempt, Lock, Request, Terms, Wait};
-use crate::kinds::lockable::{lockable_by_inherent, LeaseGuard};
+use crate::kinds::lockable::{lease_guard_by_inherent, lockable_by_inherent};
 use crate::net::node::Node;
 use crate::net::pool::{fan_out, Job, Synced};
 use crate::net::pubsub::{Notify, Subscription, Wake};
@@ -904,27 +904,7 @@ impl MultiGuard {
     }
 }
 
-impl LeaseGuard for MultiGuard {
-    fn name(&self) -> &str {
-        MultiGuard::name(self)
-    }
-
-    fn is_lost(&self) -> bool {
-        MultiGuard::is_lost(self)
-    }
-
-    fn ensure_held(&self) -> Result<()> {
-        MultiGuard::ensure_held(self)
-    }
-
-    fn valid_until(&self) -> Instant {
-        MultiGuard::valid_until(self)
-    }
-
-    fn unlock(self) -> Result<()> {
-        MultiGuard::unlock(self)
-    }
-}
+lease_guard_by_inherent!(MultiGuard);
 
 lockable_by_inherent!(RedLock, MultiGuard);
 lockable_by_inherent!(MultiLock, MultiGuard);

@@ -9,7 +9,7 @@ use crate::engine::waiting::Wait;
 use crate::error::Result;
 use crate::kinds::guard::{Held, LockGuard};
 use crate::kinds::lock::Lock;
-use crate::kinds::lockable::{lockable_by_inherent, LeaseGuard};
+use crate::kinds::lockable::{lease_guard_by_inherent, lockable_by_inherent};
 
 /// A [`Lock`] whose every acquisition is its own owner, not the thread that
 /// took it: the guard, an [`OwnedLockGuard`], is `Send + Sync` and may be
@@ -275,27 +275,7 @@ impl OwnedLockGuard {
     }
 }
 
-impl LeaseGuard for OwnedLockGuard {
-    fn name(&self) -> &str {
-        OwnedLockGuard::name(self)
-    }
-
-    fn is_lost(&self) -> bool {
-        OwnedLockGuard::is_lost(self)
-    }
-
-    fn ensure_held(&self) -> Result<()> {
-        OwnedLockGuard::ensure_held(self)
-    }
-
-    fn valid_until(&self) -> Instant {
-        OwnedLockGuard::valid_until(self)
-    }
-
-    fn unlock(self) -> Result<()> {
-        OwnedLockGuard::unlock(self)
-    }
-}
+lease_guard_by_inherent!(OwnedLockGuard);
 
 impl fmt::Debug for OwnedLockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
