@@ -562,8 +562,9 @@ impl ClientBuilder {
     /// and partial releases alike, sets a lease that ends at the cap at the
     /// latest (as its sender counts: Redis may keep the key for as long as
     /// that request took to arrive). A fixed lease longer than the cap is
-    /// refused with
-    /// [`Error::InvalidArgument`]. One lock can set its own with
+    /// refused with [`Error::InvalidArgument`], and a cap outside 1 ms to
+    /// [`MAX_LEASE`](crate::MAX_LEASE) makes [`build`](Self::build) fail
+    /// with it. One lock can set its own with
     /// [`Lock::with_max_hold`](crate::Lock::with_max_hold).
     ///
     /// ```no_run

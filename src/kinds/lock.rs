@@ -236,7 +236,7 @@ impl Lock {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for bad input (empty name, renew interval
-    /// out of range); [`Error::Redis`] or [`Error::Pool`] when Redis fails or
+    /// or max_hold out of range); [`Error::Redis`] or [`Error::Pool`] when Redis fails or
     /// cannot be reached ([`Error::is_auth`] for refused credentials or
     /// permissions, [`Error::ReplicaSync`] when replica sync could not
     /// confirm it); [`Error::Thread`] if the watchdog or subscriber thread
@@ -324,8 +324,8 @@ impl Lock {
     ///
     /// # Errors
     ///
-    /// As for [`lock`](Lock::lock), with a zero or too long lease as bad
-    /// input.
+    /// As for [`lock`](Lock::lock), with a zero or too long lease, or one
+    /// longer than the lock's max_hold, as bad input.
     pub fn lock_with_lease(&self, lease: Duration) -> Result<LockGuard> {
         let terms = self.lease_terms(lease)?;
         self.acquire_forever(&terms)
@@ -1024,7 +1024,7 @@ macro_rules! acquire_methods {
             self.lock.is_held_by_current_thread()
         }
 
-        #[doc = concat!("The remaining lease of the ", $kind, " lock's key (see [`Lock::remaining_lease`]): `None` if nobody holds it.")]
+        #[doc = concat!("The remaining lease of the ", $kind, " lock's key, whoever holds it (a read or write lock's: the read-write lock's, in either mode; see [`Lock::remaining_lease`]): `None` if it is free.")]
         ///
         /// # Errors
         ///

@@ -15,8 +15,8 @@ use crate::error::Result;
 /// such as a job runner that takes "a lock" and lets its caller choose a
 /// plain lock, a fair one, a write lock or a RedLock. The methods mean what
 /// they mean on [`Lock`](crate::Lock): the ones without a lease are renewed
-/// by the watchdog until the guard is released, the `_with_lease` ones hold
-/// for a fixed lease.
+/// by the watchdog until the guard is released (or its max_hold is
+/// reached), the `_with_lease` ones hold for a fixed lease.
 ///
 /// ```no_run
 /// use redlease::{LeaseGuard, Lockable};
@@ -52,7 +52,8 @@ pub trait Lockable {
     /// As for the kind's own method (e.g. [`Lock::lock`](crate::Lock::lock)).
     fn lock(&self) -> Result<Self::Guard>;
 
-    /// Acquires if free (or re-entered), without waiting; `None` if busy.
+    /// Acquires if free (or, for kinds that allow it, re-entered by this
+    /// thread), without waiting; `None` if busy.
     ///
     /// # Errors
     ///
