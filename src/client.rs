@@ -9,8 +9,10 @@ use std::time::Duration;
 use crate::engine::shared::{check_lease, check_max_hold, Shared};
 use crate::engine::watchdog::{LostCallback, MIN_RENEW_INTERVAL};
 use crate::error::{Error, Result};
+use crate::events::{Events, HandleEvent};
 use crate::kinds::expirable::ExpirableSemaphore;
 use crate::kinds::fair::FairLock;
+use crate::kinds::inspect::Inspection;
 use crate::kinds::latch::CountDownLatch;
 use crate::kinds::lock::Lock;
 use crate::kinds::rwlock::ReadWriteLock;
@@ -257,6 +259,43 @@ impl Client {
         &self.shared.uuid
     }
 
+    /// What the keys of `name` tell of it: its kind (lock, fenced, fair,
+    /// read-write, semaphore, expirable semaphore, counter), its holders
+    /// with their processes, a fair lock's line, the key's lease, a
+    /// counter's value, and the processes waiting for it. Read only; a
+    /// few round trips. What the `redlease inspect` command prints.
+    ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+    /// let found = client.inspect("orders:42")?;
+    /// println!("{}: {} holder(s)", found.kind.as_str(), found.holders.len());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for an empty name; a Redis or pool error.
+    pub fn inspect(&self, name: &str) -> Result<Inspection> {
+        crate::engine::shared::check_name("object", name, &self.shared.router)?;
+        crate::kinds::inspect::inspect(&self.shared, name)
+    }
+
+    /// The locks, semaphores and counters whose name matches the glob
+    /// `pattern` (Redis's `MATCH`: `*`, `?`, `[..]`), each inspected (see
+    /// [`inspect`](Client::inspect)), in name order. Found with `SCAN` on
+    /// every master, never `KEYS`; it reads every matching key, so give a
+    /// pattern on a large database. Keys that are parts of an object (a
+    /// fair lock's line, a token, redlease's records) are not listed
+    /// apart.
+    ///
+    /// # Errors
+    ///
+    /// A Redis or pool error.
+    pub fn list(&self, pattern: &str) -> Result<Vec<Inspection>> {
+        crate::kinds::inspect::list(&self.shared, pattern)
+    }
+
     /// The lease of locks taken without an explicit one.
     #[must_use]
     pub fn watchdog_timeout(&self) -> Duration {
@@ -359,6 +398,8 @@ pub struct ClientBuilder {
     retry_attempts: u32,
     sync: SyncReplicas,
     on_lock_lost: Option<LostCallback>,
+    name: Option<String>,
+    event_handler: Option<Arc<dyn HandleEvent>>,
 }
 
 /// The most `retry_attempts` accepted.
@@ -396,6 +437,8 @@ impl ClientBuilder {
                 timeout: Duration::from_secs(1),
             },
             on_lock_lost: None,
+            name: None,
+            event_handler: None,
         }
     }
 
@@ -581,6 +624,34 @@ impl ClientBuilder {
         self
     }
 
+    /// The application's name, published with the host name and process id
+    /// in this client's process key, so that whoever lists a lock's holders
+    /// ([`Lock::holders`](crate::Lock::holders), the `redlease` command)
+    /// sees which service holds it. Defaults to none (host and process id
+    /// only). At most 256 bytes.
+    ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// let client = redlease::Client::builder("redis://127.0.0.1/")
+    ///     .name("billing-worker")
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Calls `handler` for each acquisition, release, lost lease, renewal
+    /// batch, failover followed and subscriber reconnect (see
+    /// [`HandleEvent`]; with the `metrics` feature,
+    /// [`MetricsHandler`](crate::MetricsHandler) records them with the
+    /// `metrics` crate). Defaults to none: then nothing is measured.
+    pub fn event_handler(mut self, handler: impl HandleEvent) -> Self {
+        self.event_handler = Some(Arc::new(handler));
+        self
+    }
+
     /// Called with the lock's name when a held lock is found lost: by the
     /// watchdog (deleted, expired, or not renewable before its lease ran out)
     /// or by its owner thread taking it again. Runs outside any lock of
@@ -689,6 +760,7 @@ impl ClientBuilder {
             response_timeout: self.response_timeout,
             retry_attempts: self.retry_attempts,
             sync: self.sync,
+            events: Events::new(self.event_handler.clone()),
         };
         let (router, server) = setup::router(&mut self.servers, &settings)?;
         Ok(self.finish(router, server))
@@ -703,6 +775,7 @@ impl ClientBuilder {
             self.max_hold,
             self.response_timeout,
             self.on_lock_lost,
+            self.name,
         );
         Client {
             shared: Arc::new(shared),

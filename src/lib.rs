@@ -122,11 +122,15 @@
 //   engine/    what every kind shares; knows no kind's public type
 //   scripts.rs Redisson's key names and the Lua scripts, and how they run
 //   net/       reaching Redis; knows no lock
-//   error.rs, time.rs  the ground
+//   error.rs, time.rs, events.rs (the event handler), metrics.rs (the
+//   `metrics` feature's handler)  the ground
 mod client;
 mod engine;
 mod error;
+mod events;
 mod kinds;
+#[cfg(feature = "metrics")]
+mod metrics;
 mod net;
 mod scripts;
 mod time;
@@ -135,9 +139,14 @@ pub use crate::client::{Client, ClientBuilder, ClientStats};
 pub use crate::engine::shared::MAX_LEASE;
 pub use crate::engine::watchdog::MIN_RENEW_INTERVAL;
 pub use crate::error::{Error, Result};
+pub use crate::events::{
+    AcquireEvent, FailoverEvent, HandleEvent, LostEvent, ReconnectEvent, ReleaseEvent,
+    RenewalBatchEvent,
+};
 pub use crate::kinds::expirable::{ExpirableSemaphore, Permit};
 pub use crate::kinds::fair::{FairLock, FAIR_PLACE};
 pub use crate::kinds::guard::LockGuard;
+pub use crate::kinds::inspect::{HoldMode, Holder, Inspection, ObjectKind, ProcessInfo, Waiter};
 pub use crate::kinds::latch::CountDownLatch;
 pub use crate::kinds::lock::Lock;
 pub use crate::kinds::lockable::{LeaseGuard, Lockable};
@@ -145,6 +154,8 @@ pub use crate::kinds::multi::{MultiGuard, MultiLock, RedLock};
 pub use crate::kinds::owned::{OwnedLock, OwnedLockGuard};
 pub use crate::kinds::rwlock::{ReadLock, ReadWriteLock, WriteLock};
 pub use crate::kinds::semaphore::{Semaphore, SemaphorePermits, PERMIT_RECHECK};
+#[cfg(feature = "metrics")]
+pub use crate::metrics::MetricsHandler;
 
 // Every Rust block of the README compiles as a doctest.
 #[cfg(doctest)]

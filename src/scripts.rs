@@ -157,6 +157,17 @@ pub(crate) enum Kind {
 }
 
 impl Kind {
+    /// Its name in events and metrics.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Kind::Plain => "lock",
+            Kind::Fenced => "fenced-lock",
+            Kind::Read => "read-lock",
+            Kind::Write => "write-lock",
+            Kind::Fair => "fair-lock",
+        }
+    }
+
     /// A read or a write hold (the read-write lock's scripts).
     pub(crate) fn is_rw(self) -> bool {
         matches!(self, Kind::Read | Kind::Write)
@@ -602,6 +613,23 @@ pub(crate) fn permit_lease(
             cmd.arg(id).arg(lease_ms);
         }
     })
+}
+
+/// `raw` in lowercase hex digits (a permit's id, a client's short id).
+pub(crate) fn hex(raw: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(2 * raw.len());
+    for b in raw {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// The process key of the client whose short id (the first 8 bytes of its
+/// UUID, in hex) is `short_id`: `redlease_client:{<short id>}` (redlease's
+/// own; see `engine::process`).
+pub(crate) fn process_key_name(short_id: &str) -> String {
+    format!("redlease_client:{{{short_id}}}")
 }
 
 /// The channel of semaphore `name`, either kind (Redisson's

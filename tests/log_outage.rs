@@ -48,10 +48,68 @@ fn cause(target: &str, message: &str) -> String {
     format!("{target} {}", words.trim())
 }
 
+/// Installs [`KEEPER`] (once for the binary).
+fn keep_warnings() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        log::set_logger(&KEEPER).expect("the only logger of this binary");
+        log::set_max_level(log::LevelFilter::Warn);
+    });
+}
+
+/// A user whose ACL forbids the process key: locks work, the key is not
+/// written, and one warning says so, however many renewals follow.
+#[test]
+fn an_acl_that_forbids_the_process_key_warns_once() {
+    keep_warnings();
+    let server = RedisServer::start();
+    let rule = "on >pw resetkeys ~acl:* ~redisson_lock__channel:* ~redisson_unlock_latch:* \
+        ~redlease_acquire_cancel:* resetchannels &redisson_lock__channel:* -@all +eval \
+        +evalsha +exists +get +set +del +hset +hget +hmget +hexists +hdel +pexpire +pttl \
+        +publish +subscribe +unsubscribe +ping +role +wait";
+    let mut args = vec!["ACL", "SETUSER", "nokey"];
+    args.extend(rule.split_whitespace());
+    assert_eq!(server.cmd(&args), "OK");
+    let client = Client::builder(format!("redis://nokey:pw@127.0.0.1:{}/", server.port()))
+        .watchdog_timeout(Duration::from_millis(150))
+        .build()
+        .expect("client");
+    let noperm = || {
+        let stats = server.cmd(&["INFO", "errorstats"]);
+        let line = stats.lines().find(|l| l.starts_with("errorstat_NOPERM:"));
+        line.unwrap_or_default().to_owned()
+    };
+    let guard = client.lock("acl:1").lock().expect("lock as the user");
+    wait_until("the refused write", Duration::from_secs(10), || {
+        !noperm().is_empty()
+    });
+    let refused = noperm();
+    // Renewals every 50 ms; a process key written again would be as often
+    // (every 50 ms) and refused again.
+    wait_until("20 renewals", Duration::from_secs(10), || {
+        client.stats().renewals >= 20
+    });
+    assert_eq!(noperm(), refused, "the key was not tried again");
+    guard.ensure_held().expect("held all along");
+    drop(guard);
+    let short: String = client.id().chars().filter(|c| *c != '-').take(16).collect();
+    let key = format!("redlease_client:{{{short}}}");
+    assert_eq!(server.cmd(&["EXISTS", &key]), "0");
+    let warned: Vec<String> = KEEPER
+        .lines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, _, m)| m.contains(&key))
+        .map(|(_, _, m)| m.clone())
+        .collect();
+    assert_eq!(warned.len(), 1, "one warning: {warned:?}");
+    assert!(warned[0].contains("redlease_client:*"), "{}", warned[0]);
+}
+
 #[test]
 fn an_outage_warns_at_most_once_a_second_per_cause() {
-    log::set_logger(&KEEPER).expect("the only logger of this binary");
-    log::set_max_level(log::LevelFilter::Warn);
+    keep_warnings();
     let server = RedisServer::start();
     let patient = |lease: Duration| {
         Client::builder(server.url())

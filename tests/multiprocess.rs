@@ -31,6 +31,8 @@ const SEMAPHORE: &str = "mp:semaphore";
 /// A fair-lock worker's number.
 const INDEX: &str = "REDLEASE_MP_INDEX";
 const COUNTER: &str = "mp:counter";
+/// The application name of the `hold-named` worker.
+const NAMED: &str = "mp-named-holder";
 const WAIT: Duration = Duration::from_secs(10);
 /// Lease of the killed holder (explicit, or its watchdog_timeout).
 const HOLDER_LEASE: Duration = Duration::from_secs(2);
@@ -58,6 +60,7 @@ fn worker() {
         "count" => count_worker(&url),
         "hold-lease" => hold_worker(&url, true),
         "hold-watchdog" => hold_worker(&url, false),
+        "hold-named" => named_worker(&url),
         "redlock-count" => redlock_worker(&url),
         "fenced-tokens" => fenced_worker(&url),
         "redlock-hold" => redlock_hold_worker(&url),
@@ -292,6 +295,24 @@ fn hold_worker(url: &str, explicit_lease: bool) {
         thread::sleep(Duration::from_millis(100));
     }
     drop(guard);
+}
+
+/// Holds LOCK and a permit of an expirable semaphore from a client named
+/// `NAMED`, until killed.
+fn named_worker(url: &str) {
+    let client = Client::builder(url)
+        .name(NAMED)
+        .watchdog_timeout(HOLDER_LEASE)
+        .build()
+        .expect("worker client");
+    let _guard = client.lock(LOCK).lock().unwrap();
+    let sem = client.permit_expirable_semaphore(SEMAPHORE);
+    sem.try_set_permits(1).unwrap();
+    let _permit = sem.acquire(Duration::from_secs(60)).unwrap();
+    let mut out = std::io::stdout();
+    writeln!(out, "\n{ACQUIRED}").unwrap();
+    out.flush().unwrap();
+    thread::sleep(Duration::from_secs(60));
 }
 
 // ---------------------------------------------------------------------------
@@ -699,4 +720,66 @@ fn semaphore_limit_holds_across_processes() {
         "at most (and at times) 2 inside"
     );
     assert_eq!(srv.cmd(&["GET", SEMAPHORE]), "2", "every permit back");
+}
+
+/// A holder in another process is listed with that process (host, pid,
+/// name), for a lock and for a permit; once the process is killed, its
+/// process key expires within its lease.
+#[test]
+fn holders_in_another_process_name_it() {
+    let srv = RedisServer::start();
+    let mut holder = Worker::spawn("hold-named", &srv.url(), &[]);
+    wait_until(
+        "the named worker to acquire",
+        Duration::from_secs(30),
+        || holder.output().contains(ACQUIRED),
+    );
+    let client = Client::open(srv.url()).unwrap();
+    let pid = holder.child.id();
+    let host = fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default();
+    let mut holders = Vec::new();
+    wait_until("the worker's process key", WAIT, || {
+        holders = client.lock(LOCK).holders().unwrap();
+        holders.len() == 1 && holders[0].process.is_some()
+    });
+    let process = holders[0].process.clone().unwrap();
+    assert_eq!(process.pid, pid, "{holders:?}");
+    assert_eq!(process.host, host);
+    assert_eq!(process.name.as_deref(), Some(NAMED));
+    assert_ne!(holders[0].client_id.as_deref(), Some(client.id()));
+    let permits = client
+        .permit_expirable_semaphore(SEMAPHORE)
+        .holders()
+        .unwrap();
+    assert_eq!(permits.len(), 1);
+    assert_eq!(
+        permits[0].client_id, holders[0].client_id,
+        "the permit's client"
+    );
+    assert_eq!(permits[0].process.as_ref(), Some(&process));
+    let short: String = process
+        .client_id
+        .chars()
+        .filter(|c| *c != '-')
+        .take(16)
+        .collect();
+    let key = format!("redlease_client:{{{short}}}");
+    assert_eq!(srv.cmd(&["EXISTS", &key]), "1");
+    holder.child.kill().expect("SIGKILL the holder");
+    holder.child.wait().expect("reap the holder");
+    wait_until(
+        "the killed process's key to expire",
+        HOLDER_LEASE + WAIT,
+        || srv.cmd(&["EXISTS", &key]) == "0",
+    );
+    let left = client
+        .permit_expirable_semaphore(SEMAPHORE)
+        .holders()
+        .unwrap();
+    assert!(
+        left.iter().all(|h| h.process.is_none()),
+        "no process for a client that is gone: {left:?}"
+    );
 }

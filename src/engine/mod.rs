@@ -9,6 +9,8 @@
 //!   is settled;
 //! - `owners`: this thread's holds and unsettled requests per client and
 //!   lock (the reentrancy registry);
+//! - `process`: what the client publishes about its process (its process
+//!   key), which the watchdog writes;
 //! - `watchdog`: the `redlease-watchdog` thread: renews due holds per node
 //!   in one round trip each, and settles lost requests until each has run;
 //! - `shared`: the context a client's locks hold (ids, router, watchdog,
@@ -18,6 +20,7 @@
 
 pub(crate) mod hold;
 pub(crate) mod owners;
+pub(crate) mod process;
 pub(crate) mod shared;
 pub(crate) mod unsettled;
 pub(crate) mod waiting;

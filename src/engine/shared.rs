@@ -3,14 +3,16 @@
 //! settlement that every kind uses. The public `Client` is a handle over it;
 //! the kinds hold it directly and never the `Client`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crate::engine::owners::{add_pending, owner_state};
+use crate::engine::process::Announce;
 use crate::engine::unsettled::Unsettled;
 use crate::engine::watchdog::{LostCallback, Watchdog};
 use crate::error::{Error, Result};
+use crate::events::Events;
 use crate::net::router::Router;
 use crate::scripts;
 use crate::time::duration_ms;
@@ -39,6 +41,16 @@ pub(crate) struct Shared {
     pub(crate) id: u64,
     /// The `<client-uuid>` of the owner fields it writes.
     pub(crate) uuid: String,
+    /// The first 8 bytes of the UUID: the start of the ids of the permits
+    /// it takes, and (in hex) its process key's id.
+    pub(crate) short_id: [u8; 8],
+    /// The application's name (`ClientBuilder::name`), for the process key.
+    pub(crate) app_name: Option<String>,
+    pub(crate) started: SystemTime,
+    /// Set once the process key is scheduled (the first acquisition).
+    announced: AtomicBool,
+    /// The event handler, if any.
+    pub(crate) events: Events,
     /// Where it connects, for `Debug` (no password).
     pub(crate) server: String,
     pub(crate) router: Arc<Router>,
@@ -63,10 +75,19 @@ impl Shared {
         max_hold: Option<Duration>,
         response_timeout: Duration,
         on_lock_lost: Option<LostCallback>,
+        app_name: Option<String>,
     ) -> Shared {
+        let uuid = uuid::Uuid::new_v4();
+        let mut short_id = [0; 8];
+        short_id.copy_from_slice(&uuid.as_bytes()[..8]);
         Shared {
             id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
-            uuid: uuid::Uuid::new_v4().to_string(),
+            uuid: uuid.to_string(),
+            short_id,
+            app_name,
+            started: SystemTime::now(),
+            announced: AtomicBool::new(false),
+            events: router.counters().events.clone(),
             server,
             watchdog: Watchdog::new(Arc::clone(&router), on_lock_lost),
             router,
@@ -75,6 +96,21 @@ impl Shared {
             latch_ttl_ms: duration_ms(response_timeout).saturating_mul(4).max(1000),
             response_timeout,
         }
+    }
+
+    /// Has the watchdog publish this client's process key, once: called on
+    /// every acquisition (one atomic load after the first).
+    pub(crate) fn announce(&self) {
+        if self.announced.load(Ordering::Relaxed) || self.announced.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        self.watchdog.announce(Announce::new(
+            scripts::process_key_name(&scripts::hex(&self.short_id)),
+            &self.uuid,
+            self.app_name.as_deref(),
+            self.started,
+            duration_ms(self.watchdog_timeout),
+        ));
     }
 
     /// `<client-uuid>:<thread-id>` for the current thread.

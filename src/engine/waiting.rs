@@ -57,6 +57,9 @@ pub(crate) struct Waiters<'a> {
     /// (`Duration::MAX`: none but the subscription's own bound while it is
     /// not confirmed).
     pub(crate) recheck: Duration,
+    /// The kind, for the acquisition's event (`None`: a wait that acquires
+    /// nothing, the latch's).
+    pub(crate) kind: Option<&'static str>,
 }
 
 impl Waiters<'_> {
@@ -68,8 +71,16 @@ impl Waiters<'_> {
         deadline: Option<Instant>,
         mut try_once: impl FnMut() -> Result<Attempt<T>>,
     ) -> Result<Option<T>> {
+        let events = &self.router.counters().events;
+        let started = self.kind.and(events.start());
+        let acquired = |waited: bool| {
+            if let Some(kind) = self.kind {
+                events.acquired(kind, self.name, started, waited);
+            }
+        };
         let mut attempt = || through_failover(self.router, self.name, deadline, &mut try_once);
         if let Attempt::Acquired(g) = attempt()? {
+            acquired(false);
             return Ok(Some(g));
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -88,7 +99,10 @@ impl Waiters<'_> {
                 subscription.used();
             }
             let until = match tried {
-                Ok(Attempt::Acquired(g)) => return Ok(Some(g)),
+                Ok(Attempt::Acquired(g)) => {
+                    acquired(true);
+                    return Ok(Some(g));
+                }
                 Ok(Attempt::Busy(hint)) => {
                     let now = Instant::now();
                     if deadline.is_some_and(|d| now >= d) {

@@ -40,6 +40,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::engine::hold::{Hold, RenewToken, Sched};
+use crate::engine::process::Announce;
 use crate::engine::unsettled::Unsettled;
 use crate::net::pool::{fan_out, Job, Synced};
 use crate::net::router::{Group, Router};
@@ -90,6 +91,10 @@ struct State {
     /// works; it reads the schedule again before it sleeps). A new entry due
     /// earlier than this wakes it; any other lets it sleep.
     sleeping_until: Option<Instant>,
+    /// The client's process key ([`Announce`]) and when it is written next
+    /// (`None` until the client first holds something, and after the ACL
+    /// refused it).
+    announce: Option<(Instant, Arc<Announce>)>,
     started: bool,
     shutdown: bool,
 }
@@ -156,6 +161,7 @@ impl Watchdog {
                     len: 0,
                     unsettled: Vec::new(),
                     sleeping_until: None,
+                    announce: None,
                     started: false,
                     shutdown: false,
                 }),
@@ -254,6 +260,18 @@ impl Watchdog {
         }
     }
 
+    /// Writes the client's process key now and keeps it written (every
+    /// third of its lease) while the client lives.
+    pub(crate) fn announce(&self, announce: Announce) {
+        let result = self.schedule(|st| {
+            st.announce = Some((Instant::now(), Arc::new(announce)));
+            true
+        });
+        if let Err(e) = result {
+            log::warn!("cannot start the watchdog thread ({e}); the process key is not written");
+        }
+    }
+
     /// Changes the schedule under its lock (`change` says whether the thread
     /// must wake up early) and starts the thread on first use.
     fn schedule(&self, change: impl FnOnce(&mut State) -> bool) -> std::io::Result<()> {
@@ -347,7 +365,10 @@ impl State {
 
 impl Inner {
     fn run(self: Arc<Self>) {
-        while let Some((renewals, unsettled)) = self.next_batch() {
+        while let Some((renewals, unsettled, announce)) = self.next_batch() {
+            if let Some(announce) = announce {
+                self.announce(announce);
+            }
             if !unsettled.is_empty() {
                 self.settle(unsettled);
             }
@@ -361,7 +382,13 @@ impl Inner {
     /// Sleeps until something is due; takes what is due (renewals within
     /// their slack). `None` on shutdown.
     #[allow(clippy::type_complexity)]
-    fn next_batch(&self) -> Option<(Vec<Renewal>, Vec<(u32, Arc<Unsettled>)>)> {
+    fn next_batch(
+        &self,
+    ) -> Option<(
+        Vec<Renewal>,
+        Vec<(u32, Arc<Unsettled>)>,
+        Option<Arc<Announce>>,
+    )> {
         let mut st = self.state.lock();
         loop {
             if st.shutdown {
@@ -369,10 +396,8 @@ impl Inner {
             }
             let renewal = st.schedule.first_key_value().map(|(t, _)| st.due(*t));
             let settle = st.unsettled.iter().map(|(at, _, _)| *at).min();
-            let next = match (renewal, settle) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            let announce = st.announce.as_ref().map(|(at, _)| *at);
+            let next = [renewal, settle, announce].into_iter().flatten().min();
             match next {
                 None => {
                     st.sleeping_until = Some(far_future(Instant::now()));
@@ -387,6 +412,14 @@ impl Inner {
             st.sleeping_until = None;
         }
         let now = Instant::now();
+        let announce = match &mut st.announce {
+            Some((at, a)) if *at <= now => {
+                // Scheduled again once written (or not, if refused).
+                *at = far_future(now);
+                Some(Arc::clone(a))
+            }
+            _ => None,
+        };
         let mut unsettled = Vec::new();
         st.unsettled.retain(|(at, tries, u)| {
             if *at <= now {
@@ -439,7 +472,46 @@ impl Inner {
                 }
             }
         }
-        Some((batch, unsettled))
+        Some((batch, unsettled, announce))
+    }
+
+    /// Writes the process key (one round trip, tried once: it is written
+    /// again at its next turn) and schedules the next write: a third of its
+    /// lease later, a second at most after a failure, never once the ACL has
+    /// refused it (warned once).
+    fn announce(&self, a: Arc<Announce>) {
+        let result = self.router.run_within(&a.key, Duration::ZERO, |conn| {
+            let mut pipe = redis::pipe();
+            let hset = pipe.cmd("HSET").arg(&a.key);
+            for (field, value) in &a.fields {
+                hset.arg(*field).arg(value);
+            }
+            hset.ignore();
+            pipe.cmd("PEXPIRE").arg(&a.key).arg(a.lease_ms).ignore();
+            pipe.query::<()>(conn)
+        });
+        let next = match result {
+            Ok(()) => Some(Instant::now() + a.every()),
+            Err(e) if matches!(&e, crate::error::Error::Redis(r) if r.code() == Some("NOPERM")) => {
+                log::warn!(
+                    "the ACL forbids writing this client's process key {:?} ({e}); lock \
+                     holders will be listed without their host, process id and name: \
+                     allow the key pattern `redlease_client:*` (HSET, PEXPIRE) to publish them",
+                    a.key
+                );
+                None
+            }
+            Err(e) => {
+                warn_limited!(
+                    "process key",
+                    "cannot write this client's process key {:?}: {e}",
+                    a.key
+                );
+                Some(Instant::now() + a.every().min(Duration::from_secs(1)))
+            }
+        };
+        let mut st = self.state.lock();
+        st.announce = next.map(|at| (at, a));
     }
 
     /// Settles each request not settled meanwhile by its owner (what that
@@ -583,7 +655,8 @@ impl Inner {
             .iter()
             .filter(|o| matches!(o, Some(Outcome::Renewed)))
             .count();
-        log::debug!("renewed {renewed} of {} leases", batch.len());
+        let size = batch.len();
+        log::debug!("renewed {renewed} of {size} leases");
         self.counters
             .renewals
             .fetch_add(renewed as u64, Ordering::Relaxed);
@@ -666,6 +739,10 @@ impl Inner {
             }
         }
         drop(st);
+        let events = &self.router.counters().events;
+        if events.is_on() {
+            events.renewal_batch(size, now - sent, lost.len());
+        }
         for (hold, why) in lost {
             self.lose(&hold, why);
         }
@@ -700,6 +777,10 @@ impl Inner {
     fn report(&self, hold: &Hold, why: &str) {
         self.counters.lost.fetch_add(1, Ordering::Relaxed);
         log::error!("lock {:?} was lost: {why}", hold.name);
+        self.router
+            .counters()
+            .events
+            .lost(hold.kind.label(), &hold.name);
         if let Some(cb) = &self.on_lost {
             if catch_unwind(AssertUnwindSafe(|| cb(&hold.name))).is_err() {
                 log::error!("the on_lock_lost callback panicked");

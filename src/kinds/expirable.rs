@@ -19,7 +19,8 @@ use crate::time::{deadline, duration_ms, warn_limited};
 /// A distributed semaphore whose permits expire, shared with Redisson's
 /// `RPermitExpirableSemaphore` on the same name: `<name>` counts the permits
 /// available, the sorted set `{<name>}:timeout` holds the permits out
-/// (member: the permit's 16-byte id; score: its expiry in epoch ms), and
+/// (member: the permit's 16-byte id, which starts with the first 8 bytes
+/// of the client's id; score: its expiry in epoch ms), and
 /// `redisson_sc:{<name>}` carries counts when permits come back.
 ///
 /// Every permit has a lease: a holder that crashes loses its permit when
@@ -55,7 +56,12 @@ impl ExpirableSemaphore {
 
     pub(crate) fn new(shared: Arc<Shared>, name: String) -> ExpirableSemaphore {
         ExpirableSemaphore {
-            names: Names::new(shared, name, scripts::permits_out_name),
+            names: Names::new(
+                shared,
+                name,
+                scripts::permits_out_name,
+                "expirable-semaphore",
+            ),
         }
     }
 
@@ -101,6 +107,20 @@ impl ExpirableSemaphore {
         })
     }
 
+    /// The permits out, one [`Holder`](crate::Holder) each, with the
+    /// lease left; a permit taken by a redlease client names its client
+    /// and process (its id starts with the client's short id), one taken by
+    /// Redisson only its id. Read only.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for an empty name (or, on a Redis Cluster,
+    /// one whose keys would span slots); a Redis or pool error.
+    pub fn holders(&self) -> Result<Vec<crate::kinds::inspect::Holder>> {
+        self.names.check()?;
+        crate::kinds::inspect::permit_holders(self.names.shared(), &self.names.name)
+    }
+
     /// Releases the permit with id `id` (32 hex digits, as
     /// [`Permit::id`] gives); `true` if it was out and is now returned
     /// (also when its lease had run out but it was not counted back yet),
@@ -118,8 +138,11 @@ impl ExpirableSemaphore {
         self.names.check()?;
         let names = &self.names;
         let publish = names.router().publish_command();
-        let latch =
-            scripts::permit_latch_name(&names.name, &hex(&raw), names.shared().next_request());
+        let latch = scripts::permit_latch_name(
+            &names.name,
+            &scripts::hex(&raw),
+            names.shared().next_request(),
+        );
         let n = names.router().run(&names.name, |conn| {
             scripts::return_permits(
                 conn,
@@ -199,8 +222,11 @@ impl ExpirableSemaphore {
 
     fn attempt(&self, lease: Duration) -> Result<Attempt<Permit>> {
         let names = &self.names;
-        let raw = *uuid::Uuid::new_v4().as_bytes();
-        let id = hex(&raw);
+        // The client's short id, then 8 random bytes: whoever lists the
+        // permits out can find the holder's process key.
+        let mut raw = *uuid::Uuid::new_v4().as_bytes();
+        raw[..8].copy_from_slice(&names.shared().short_id);
+        let id = scripts::hex(&raw);
         let marker = scripts::permit_cancel_name(&names.name, &id);
         let lease_ms = duration_ms(lease);
         let publish = names.router().publish_command();
@@ -218,6 +244,7 @@ impl ExpirableSemaphore {
                     overlapped: false,
                 }),
                 done: false,
+                acquired_at: names.shared().events.start(),
             },
             // The ms until the first permit out expires (-2: none will),
             // and a re-check at least every PERMIT_RECHECK all the same.
@@ -250,15 +277,6 @@ fn check_permit_lease(lease: Duration) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-pub(crate) fn hex(raw: &[u8; 16]) -> String {
-    use std::fmt::Write;
-    let mut s = String::with_capacity(32);
-    for b in raw {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
 }
 
 fn parse_id(id: &str) -> Result<[u8; 16]> {
@@ -298,6 +316,8 @@ pub struct Permit {
     raw: [u8; 16],
     lease: Mutex<PermitLease>,
     done: bool,
+    /// When it was acquired, if an event handler measures it.
+    acquired_at: Option<Instant>,
 }
 
 impl Permit {
@@ -391,7 +411,11 @@ impl Permit {
     }
 
     fn return_permit(&self) -> Result<()> {
-        self.sem.names.give_back(Held::Permit(&self.raw, &self.id))
+        let names = &self.sem.names;
+        let r = names.give_back(Held::Permit(&self.raw, &self.id));
+        let events = &names.shared().events;
+        events.released(names.kind, &names.name, self.acquired_at, r.is_ok());
+        r
     }
 }
 
@@ -430,7 +454,7 @@ mod tests {
     #[test]
     fn permit_ids_round_trip_and_bad_ids_are_refused() {
         let raw = [0xab; 16];
-        let id = hex(&raw);
+        let id = scripts::hex(&raw);
         assert_eq!(id, "ab".repeat(16));
         assert_eq!(parse_id(&id).unwrap(), raw);
         assert_eq!(parse_id(&id.to_uppercase()).unwrap(), raw);

@@ -116,6 +116,38 @@ impl FairLock {
             .run(self.lock.name(), |c| redis::cmd("LLEN").arg(&line).query(c))
     }
 
+    /// Who holds it, as Redis records it: for each holder its owner field,
+    /// client and thread, hold count, remaining lease and, for a redlease
+    /// client, its process (see [`Holder`](crate::Holder)). Read only.
+    ///
+    /// # Errors
+    ///
+    /// Empty name, or a Redis or pool error.
+    pub fn holders(&self) -> Result<Vec<crate::kinds::inspect::Holder>> {
+        self.lock.holders()
+    }
+
+    /// The waiters in line, first first, each with how long its place is
+    /// kept and, for a redlease client, its process (see
+    /// [`Waiter`](crate::Waiter)). Places that have lapsed are left out.
+    ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+    /// for (i, w) in client.fair_lock("orders:42").queue()?.iter().enumerate() {
+    ///     println!("{i}: {} (place kept {:?})", w.owner, w.place_kept_for);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Empty name, or a Redis or pool error.
+    pub fn queue(&self) -> Result<Vec<crate::kinds::inspect::Waiter>> {
+        crate::engine::shared::check_name("lock", self.lock.name(), self.lock.router())?;
+        crate::kinds::inspect::fair_queue(self.lock.shared(), self.lock.name())
+    }
+
     /// A fair lock's wait: each try takes (or keeps) this thread's place in
     /// line, and the thread waits on its own channel, which a release
     /// tells only when it is first in line; it tries again at least every

@@ -60,6 +60,7 @@ impl LockGuard {
     ) -> LockGuard {
         LockGuard {
             held: Held {
+                acquired_at: shared.events.start(),
                 shared,
                 hold,
                 watched,
@@ -196,6 +197,8 @@ pub(crate) struct Held {
     /// A fenced lock's token for this acquisition.
     token: Option<u64>,
     done: bool,
+    /// When it was acquired, if an event handler measures it.
+    acquired_at: Option<Instant>,
 }
 
 impl Held {
@@ -285,6 +288,7 @@ impl Held {
                     ),
                 }
             }
+            self.tell_released(false);
             return Release::Done(Err(lost()));
         }
         if left == 0 {
@@ -312,7 +316,9 @@ impl Held {
             name: hold.name.clone(),
         };
         let partial = step.request.left > 0;
-        match self.finish_release(step.request, reply)? {
+        let result = self.finish_release(step.request, reply);
+        self.tell_released(matches!(result, Ok(Some(_))) && !step.expired);
+        match result? {
             Some(_) if !step.expired => Ok(()),
             Some(_) => Err(lost()),
             None if !partial => Err(lost()),
@@ -327,6 +333,17 @@ impl Held {
                 Err(lost())
             }
         }
+    }
+
+    /// The release's event, if a handler is set.
+    fn tell_released(&self, ok: bool) {
+        let events = &self.shared.events;
+        events.released(
+            self.hold.kind.label(),
+            &self.hold.name,
+            self.acquired_at,
+            ok,
+        );
     }
 
     /// A release leaving `left` holds (re-applying `lease_ms` if any

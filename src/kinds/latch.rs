@@ -209,6 +209,7 @@ impl CountDownLatch {
             // Only a message (or an unconfirmed subscription) has it read
             // again: nobody publishes a count-down's progress.
             recheck: Duration::MAX,
+            kind: None,
         };
         let opened = waiters.acquire(deadline, || {
             Ok(if self.count()? == 0 {

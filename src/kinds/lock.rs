@@ -446,6 +446,28 @@ impl Lock {
         })
     }
 
+    /// Who holds it, as Redis records it: for each holder its owner field,
+    /// client and thread, hold count, remaining lease and, for a redlease
+    /// client, its process (see [`Holder`](crate::Holder)). Read only.
+    ///
+    /// ```no_run
+    /// # fn main() -> redlease::Result<()> {
+    /// # let client = redlease::Client::open("redis://127.0.0.1/")?;
+    /// for h in client.lock("orders:42").holders()? {
+    ///     let who = h.process.as_ref().map(|p| format!("pid {} on {}", p.pid, p.host));
+    ///     println!("{} holds it {} time(s) ({})", h.owner, h.count, who.unwrap_or_default());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Empty name, or a Redis or pool error.
+    pub fn holders(&self) -> Result<Vec<crate::kinds::inspect::Holder>> {
+        self.check_name()?;
+        crate::kinds::inspect::lock_holders(&self.shared, &self.name)
+    }
+
     /// Deletes the lock whoever holds it and wakes a waiter; `true` if it was
     /// held. The former holder's guards report the loss at their next renewal,
     /// check or release.
@@ -602,6 +624,7 @@ impl Lock {
                 WakeRule::One
             },
             recheck: NO_TTL_RECHECK,
+            kind: Some(self.kind.label()),
         }
     }
 
@@ -880,6 +903,7 @@ impl Lock {
                 hold
             }
         };
+        shared.announce();
         let first_watched = hold.acquired(terms.lease_ms, watched);
         let guard = LockGuard::new(Arc::clone(&self.shared), Arc::clone(&hold), watched, token);
         if let (true, Some(interval)) = (first_watched, terms.renew) {

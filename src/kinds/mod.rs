@@ -3,6 +3,8 @@
 //! hold), and reuse runs from a derived kind to its base, never back.
 //!
 //! Bottom up (a file imports only those before it):
+//! - `inspect`: who holds and who waits, as Redis records it, and what
+//!   kind of object a name is (read only);
 //! - `lockable`: the traits every lock kind (`Lockable`) and every guard
 //!   of one (`LeaseGuard`) implement;
 //! - `guard`: `LockGuard`, the guard of every hash lock, and the release
@@ -23,6 +25,7 @@
 pub(crate) mod expirable;
 pub(crate) mod fair;
 pub(crate) mod guard;
+pub(crate) mod inspect;
 pub(crate) mod latch;
 pub(crate) mod lock;
 pub(crate) mod lockable;

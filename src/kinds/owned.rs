@@ -78,6 +78,15 @@ impl OwnedLock {
         self.lock.name()
     }
 
+    /// Who holds it, as Redis records it (see [`Lock::holders`]).
+    ///
+    /// # Errors
+    ///
+    /// Empty name, or a Redis or pool error.
+    pub fn holders(&self) -> Result<Vec<crate::kinds::inspect::Holder>> {
+        self.lock.holders()
+    }
+
     /// Renews this lock's lease every `interval` (see
     /// [`Lock::with_renew_interval`]).
     #[must_use = "with_renew_interval returns the lock with the interval set"]

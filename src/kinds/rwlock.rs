@@ -110,6 +110,17 @@ impl ReadWriteLock {
         self.read.remaining_lease()
     }
 
+    /// Who holds it, readers and writer, as Redis records it (see
+    /// [`Holder`](crate::Holder)): a reader's lease is that of its own hold
+    /// keys, so a reader whose client crashed shows none. Read only.
+    ///
+    /// # Errors
+    ///
+    /// Empty name, or a Redis or pool error.
+    pub fn holders(&self) -> Result<Vec<crate::kinds::inspect::Holder>> {
+        self.read.holders()
+    }
+
     /// `true` if a writer holds it.
     ///
     /// # Errors

@@ -49,11 +49,19 @@ pub(crate) struct Names {
     /// The permit records (`Semaphore`) or the set of permits out
     /// (`ExpirableSemaphore`).
     pub(crate) book: String,
+    /// `semaphore` or `expirable-semaphore` (events).
+    pub(crate) kind: &'static str,
 }
 
 impl Names {
-    pub(crate) fn new(shared: Arc<Shared>, name: String, book: fn(&str) -> String) -> Names {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        name: String,
+        book: fn(&str) -> String,
+        kind: &'static str,
+    ) -> Names {
         Names {
+            kind,
             shared,
             channel: scripts::semaphore_channel_name(&name),
             book: book(&name),
@@ -88,6 +96,7 @@ impl Names {
             channel: &self.channel,
             rule: WakeRule::Permits,
             recheck: PERMIT_RECHECK,
+            kind: Some(self.kind),
         }
     }
 
@@ -162,7 +171,10 @@ impl Names {
             }
         };
         Ok(match code {
-            -1 => Attempt::Acquired(acquired()),
+            -1 => {
+                shared.announce();
+                Attempt::Acquired(acquired())
+            }
             // Cancelled: the request id is new per call, so only a request
             // undone already could see its marker. Not taken.
             -3 => Attempt::Busy(Some(Duration::ZERO)),
@@ -290,7 +302,7 @@ pub struct Semaphore {
 impl Semaphore {
     pub(crate) fn new(shared: Arc<Shared>, name: String) -> Semaphore {
         Semaphore {
-            names: Names::new(shared, name, scripts::semaphore_records_name),
+            names: Names::new(shared, name, scripts::semaphore_records_name, "semaphore"),
         }
     }
 
@@ -334,6 +346,20 @@ impl Semaphore {
     /// one whose keys would span slots); a Redis or pool error.
     pub fn available_permits(&self) -> Result<i64> {
         self.names.get()
+    }
+
+    /// Who holds permits, as redlease records them: each acquisition with
+    /// its client, permits and, for a live client, its process (see
+    /// [`Holder`](crate::Holder)). Permits taken by Redisson clients, or
+    /// [`forget`](SemaphorePermits::forget)-ten, are not recorded. Read only.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for an empty name (or, on a Redis Cluster,
+    /// one whose keys would span slots); a Redis or pool error.
+    pub fn holders(&self) -> Result<Vec<crate::kinds::inspect::Holder>> {
+        self.names.check()?;
+        crate::kinds::inspect::semaphore_holders(self.names.shared(), &self.names.name)
     }
 
     /// Takes every permit available and returns how many; they are out
@@ -472,6 +498,7 @@ impl Semaphore {
                 field: field.clone(),
                 permits,
                 done: false,
+                acquired_at: shared.events.start(),
             },
             // The permits available: no hint when the next come back.
             |_| None,
@@ -542,6 +569,8 @@ pub struct SemaphorePermits {
     field: String,
     permits: u64,
     done: bool,
+    /// When it was acquired, if an event handler measures it.
+    acquired_at: Option<std::time::Instant>,
 }
 
 impl SemaphorePermits {
@@ -592,7 +621,11 @@ impl SemaphorePermits {
     }
 
     fn return_permits(&self) -> Result<()> {
-        self.sem.names.give_back(Held::Record(&self.field))
+        let names = &self.sem.names;
+        let r = names.give_back(Held::Record(&self.field));
+        let events = &names.shared().events;
+        events.released(names.kind, &names.name, self.acquired_at, r.is_ok());
+        r
     }
 }
 

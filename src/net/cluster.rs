@@ -194,6 +194,7 @@ impl Cluster {
                 s.pool.connection_timeout,
                 s.response_timeout,
                 Some(Arc::clone(&self.sharded)),
+                s.counters.events.clone(),
             ),
         });
         nodes.insert(name, Arc::clone(&node));
@@ -571,6 +572,17 @@ impl Cluster {
         };
         drop(gone);
         if !old.is_empty() {
+            // A master that served no slot before took some over: a replica
+            // promoted by a failover (or a node given slots).
+            let mut before: Vec<&str> = old.iter().flatten().map(|n| n.name.as_str()).collect();
+            before.sort_unstable();
+            before.dedup();
+            for m in masters
+                .iter()
+                .filter(|m| before.binary_search(&m.as_str()).is_err())
+            {
+                self.settings.counters.events.failover(m);
+            }
             log::debug!("read the cluster's slot map again ({covered} slots served)");
         }
         Ok(())

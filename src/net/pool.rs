@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use redis::{ConnectionLike, Value};
 
 use crate::error::{is_io_failure, is_refusal, Error, Result};
+use crate::events::Events;
 use crate::net::target::Target;
 use crate::net::transport::{Connection, Waited};
 use crate::time::{duration_ms, warn_limited};
@@ -37,6 +38,9 @@ const REFUSAL_FRESH: Duration = Duration::from_secs(1);
 pub(crate) struct Counters {
     pub(crate) round_trips: AtomicU64,
     pub(crate) failures: AtomicU64,
+    /// The client's event handler (reached by every part of the client
+    /// through the counters it already shares).
+    pub(crate) events: Events,
 }
 
 /// The r2d2 manager. Redis's own r2d2 glue sets no socket timeouts and PINGs

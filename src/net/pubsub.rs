@@ -63,6 +63,7 @@ use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 
 use crate::error::{Error, Result};
+use crate::events::Events;
 use crate::net::target::Target;
 use crate::net::transport::Stream;
 use crate::time::{jitter, warn_limited};
@@ -430,6 +431,7 @@ struct Inner {
     acked_cv: Condvar,
     shutdown: AtomicBool,
     reconnects: AtomicU64,
+    events: Events,
 }
 
 /// The subscriber; owned by the client, stops its thread on drop.
@@ -445,9 +447,11 @@ impl PubSub {
         connect_timeout: Duration,
         response_timeout: Duration,
         cluster: Option<Arc<AtomicBool>>,
+        events: Events,
     ) -> PubSub {
         PubSub {
             inner: Arc::new(Inner {
+                events,
                 target,
                 cluster,
                 kicked: AtomicBool::new(false),
@@ -1040,6 +1044,9 @@ impl Inner {
                     if connected_before {
                         self.reconnects.fetch_add(1, Ordering::Relaxed);
                         log::info!("reconnected to redis");
+                        if self.events.is_on() {
+                            self.events.subscriber_reconnected(&self.target.describe());
+                        }
                     }
                     connected_before = true;
                     let err = self.serve(&stream, parser);

@@ -131,6 +131,15 @@ impl Router {
         }
     }
 
+    /// The masters known now: the one node, or every master of a Cluster
+    /// (what a scan of the keys visits).
+    pub(crate) fn masters(&self) -> Vec<Arc<Node>> {
+        match &self.topology {
+            Topology::Single(node) => vec![Arc::clone(node)],
+            Topology::Cluster(c) => c.masters(),
+        }
+    }
+
     /// Every node known now (for stats and for listeners).
     pub(crate) fn nodes(&self) -> Vec<Arc<Node>> {
         match &self.topology {
@@ -147,9 +156,21 @@ impl Router {
     pub(crate) fn run<T>(
         &self,
         key: &str,
+        op: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
+    ) -> Result<T> {
+        self.run_within(key, self.response_timeout, op)
+    }
+
+    /// [`run`](Router::run) riding out a failover for at most `budget`
+    /// instead of a response timeout (the watchdog's background requests,
+    /// which it tries again on a schedule of its own).
+    pub(crate) fn run_within<T>(
+        &self,
+        key: &str,
+        budget: Duration,
         mut op: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
     ) -> Result<T> {
-        self.ride_out(key, self.response_timeout, |left| match &self.topology {
+        self.ride_out(key, budget, |left| match &self.topology {
             Topology::Single(node) => node.redis.run_within(left, &mut op),
             Topology::Cluster(c) => c.route(key, left, |node, asking| {
                 node.redis

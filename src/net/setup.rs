@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::events::Events;
 use crate::net::cluster::{Cluster, NodeSettings, PubSubMode};
 use crate::net::node::Node;
 use crate::net::pool::{Counters, PoolSettings, Redis, SyncReplicas, Threads};
@@ -60,6 +61,7 @@ pub(crate) struct Settings {
     pub(crate) response_timeout: Duration,
     pub(crate) retry_attempts: u32,
     pub(crate) sync: SyncReplicas,
+    pub(crate) events: Events,
 }
 
 /// The router over `servers` with `settings`, and a description of where
@@ -77,7 +79,10 @@ pub(crate) fn router(servers: &mut Servers, settings: &Settings) -> Result<(Arc<
         ))
     };
     let pool = settings.pool.clone();
-    let counters = Arc::new(Counters::default());
+    let counters = Arc::new(Counters {
+        events: settings.events.clone(),
+        ..Counters::default()
+    });
     if let Some(c) = servers.cluster.take() {
         if c.seeds.is_empty() {
             return Err(Error::invalid(
@@ -211,6 +216,7 @@ pub(crate) fn router(servers: &mut Servers, settings: &Settings) -> Result<(Arc<
             settings.connection_timeout,
             settings.response_timeout,
             None,
+            settings.events.clone(),
         ),
         redis,
     };
@@ -218,10 +224,13 @@ pub(crate) fn router(servers: &mut Servers, settings: &Settings) -> Result<(Arc<
         // A new master: drop every pooled connection made before, and
         // have the subscriber move (it wakes its waiters to retry).
         let epoch = node.redis.epoch();
-        s.on_change(move || {
+        s.on_change(move |_| {
             epoch.fetch_add(1, Ordering::AcqRel);
         });
-        s.on_change(node.pubsub.kicker());
+        let kick = node.pubsub.kicker();
+        s.on_change(move |_| kick());
+        let events = settings.events.clone();
+        s.on_change(move |to| events.failover(to));
     }
     let router = Arc::new(Router::single(
         node,

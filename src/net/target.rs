@@ -73,7 +73,7 @@ impl Target {
     }
 }
 
-type Listener = Box<dyn Fn() + Send + Sync>;
+type Listener = Box<dyn Fn(&str) + Send + Sync>;
 
 /// A Sentinel group's master, as the client sees it.
 pub(crate) struct Sentinel {
@@ -118,8 +118,8 @@ impl Sentinel {
         }
     }
 
-    /// Runs `f` whenever the master changes.
-    pub(crate) fn on_change(&self, f: impl Fn() + Send + Sync + 'static) {
+    /// Runs `f` with the new master's address whenever the master changes.
+    pub(crate) fn on_change(&self, f: impl Fn(&str) + Send + Sync + 'static) {
         self.listeners.lock().push(Box::new(f));
     }
 
@@ -241,8 +241,9 @@ impl Sentinel {
             let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
             if generation > 1 {
                 log::warn!("the master of {:?} is now {}", self.name, endpoint.addr);
+                let addr = endpoint.addr.to_string();
                 for f in self.listeners.lock().iter() {
-                    f();
+                    f(&addr);
                 }
             } else {
                 log::info!("the master of {:?} is {}", self.name, endpoint.addr);

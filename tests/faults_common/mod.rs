@@ -59,11 +59,14 @@ pub fn assert_within(what: &str, took: Duration, bound: Duration) {
     assert!(took <= bound, "{what} took {took:?}; bound {bound:?}");
 }
 
-/// Every key but the expiring release latches and acquire cancel markers.
+/// Every key but the expiring release latches and acquire cancel markers,
+/// and the clients' process keys (which expire a lease after their client).
 pub fn lock_keys(conn: &mut redis::Connection) -> Vec<String> {
     let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query(conn).expect("KEYS");
     keys.retain(|k| {
-        !k.starts_with("redisson_unlock_latch:") && !k.starts_with("redlease_acquire_cancel:")
+        !k.starts_with("redisson_unlock_latch:")
+            && !k.starts_with("redlease_acquire_cancel:")
+            && !k.starts_with("redlease_client:")
     });
     keys.sort();
     keys

@@ -16,7 +16,7 @@ use crate::support::{wait_until, RedisServer};
 /// `orders:*` (keep in sync with the README).
 pub(crate) const LOCKER_RULE: &str = "on >lockpw resetkeys ~orders:* ~redisson_lock__channel:* \
     ~redisson_unlock_latch:* ~redlease_acquire_cancel:* ~redlease_force_unlock_latch:* \
-    resetchannels &redisson_lock__channel:* -@all +eval +evalsha +exists +get +set +del \
+    ~redlease_client:* resetchannels &redisson_lock__channel:* -@all +eval +evalsha +exists +get +set +del \
     +hset +hget +hmget +hexists +hdel +pexpire +pttl +publish +subscribe +unsubscribe +ping \
     +role +wait";
 
@@ -57,6 +57,12 @@ fn readme_acl_rule_runs_every_operation() {
         thread::sleep(Duration::from_millis(100));
         g.ensure_held().expect("renewed as the minimal user");
     }
+    // The rule lets the client publish its process key.
+    let short: String = a.id().chars().filter(|c| *c != '-').take(16).collect();
+    let key = format!("redlease_client:{{{short}}}");
+    wait_until("the process key", Duration::from_secs(10), || {
+        srv.cmd(&["EXISTS", &key]) == "1"
+    });
     // A waiter on the other client, woken by the release.
     let (tx, rx) = mpsc::channel();
     let waiter = thread::spawn(move || {

@@ -53,7 +53,9 @@ fn an_idle_client_s_first_call_of_every_kind_after_a_failover_succeeds() {
     let setup = Client::cluster_builder(cluster.seeds())
         .build()
         .expect("setup client");
+    let events = crate::events::Recorder::default();
     let idle = Client::cluster_builder(cluster.seeds())
+        .event_handler(events.clone())
         .build()
         .expect("idle client");
     let [lock, fenced, fair, rw, sem, exp, latch, probe, forced, held, ..] = &names[..] else {
@@ -165,6 +167,17 @@ fn an_idle_client_s_first_call_of_every_kind_after_a_failover_succeeds() {
     assert!(
         failed.is_empty(),
         "calls of an idle client after a failover failed: {failed:#?}"
+    );
+    // The failover it followed, as an event.
+    let followed: Vec<String> = events
+        .lines()
+        .into_iter()
+        .filter(|l| l.starts_with("failover"))
+        .collect();
+    assert_eq!(
+        followed,
+        [format!("failover to 127.0.0.1:{}", promoted.port())],
+        "one failover event, naming the promoted replica"
     );
 }
 

@@ -12,6 +12,7 @@ mod faults_common;
 
 mod acl;
 mod cluster;
+mod events;
 mod failover;
 mod fair;
 mod faults_correctness;
@@ -20,6 +21,7 @@ mod faults_pubsub;
 mod faults_restart;
 mod faults_stall;
 mod fenced;
+mod inspect;
 mod latch;
 mod lock;
 mod lockable;

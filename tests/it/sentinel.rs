@@ -220,6 +220,12 @@ impl Group {
     }
 
     fn client(&self, sync: bool) -> Client {
+        self.builder(sync)
+            .build()
+            .expect("a client through the sentinels")
+    }
+
+    fn builder(&self, sync: bool) -> redlease::ClientBuilder {
         let mut b = Client::sentinel_builder(self.urls(), MASTER)
             .watchdog_timeout(Duration::from_secs(10))
             .connection_timeout(Duration::from_millis(500))
@@ -230,7 +236,7 @@ impl Group {
         if self.auth {
             b = b.master_auth(Some("locker"), "lockpw");
         }
-        b.build().expect("a client through the sentinels")
+        b
     }
 
     /// The promoted master: a live node other than `old` that says it is a
@@ -619,7 +625,12 @@ fn a_fair_waiter_keeps_its_place_through_a_timed_out_try() {
 #[test]
 fn an_idle_client_s_first_call_of_every_kind_after_a_sentinel_failover_succeeds() {
     let g = Group::start(false);
-    let idle = g.client(true);
+    let events = crate::events::Recorder::default();
+    let idle = g
+        .builder(true)
+        .event_handler(events.clone())
+        .build()
+        .expect("a client through the sentinels");
     let setup = g.client(true);
     assert!(setup.semaphore("idle:sem").try_set_permits(2).unwrap());
     assert!(setup
@@ -697,6 +708,16 @@ fn an_idle_client_s_first_call_of_every_kind_after_a_sentinel_failover_succeeds(
     assert!(
         failed.is_empty(),
         "calls of an idle client after a sentinel failover failed: {failed:#?}"
+    );
+    let followed: Vec<String> = events
+        .lines()
+        .into_iter()
+        .filter(|l| l.starts_with("failover"))
+        .collect();
+    assert_eq!(
+        followed,
+        [format!("failover to 127.0.0.1:{new}")],
+        "one failover event, naming the new master"
     );
 }
 
