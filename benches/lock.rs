@@ -746,6 +746,20 @@ fn fmt_ratio(r: Option<f64>, floor: Option<f64>) -> String {
     }
 }
 
+/// An event handler that counts acquisitions and releases.
+#[derive(Default)]
+struct Counting(std::sync::atomic::AtomicU64);
+
+impl redlease::HandleEvent for Counting {
+    fn handle_acquire(&self, _: redlease::AcquireEvent<'_>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn handle_release(&self, _: redlease::ReleaseEvent<'_>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 fn main() {
     support::pin_self();
     let mode = support::mode();
@@ -761,6 +775,12 @@ fn main() {
         .configure_from_args();
     bench_redis_limit(&mut c, &server, &rates);
     let client = redlease::Client::open(server.url()).expect("client");
+    // The same with an event handler that counts what it hears: what the
+    // events cost when someone listens (without one, nothing is measured).
+    let observed = redlease::Client::builder(server.url())
+        .event_handler(Counting::default())
+        .build()
+        .expect("client");
     bench_redlease(&mut c, &client, &rates);
     c.final_summary();
     if mode == Mode::List {
@@ -788,6 +808,7 @@ fn main() {
         let mut pair = RawPair::new(&mut c3, "bench:il:raw", false);
         let mut classic = RawPair::new(&mut c4, "bench:il:classic", true);
         let lock = client.lock("bench:il:redlease");
+        let observed = observed.lock("bench:il:observed");
         let mut ping = || redis::cmd("PING").query::<()>(&mut c1).expect("PING");
         let mut evalsha = || {
             redis::cmd("EVALSHA")
@@ -801,6 +822,7 @@ fn main() {
         let mut nonreentrant = || nonreentrant.run(&mut c5);
         let mut watchdog = || drop(lock.lock().expect("lock"));
         let mut lease = || drop(lock.lock_with_lease(LEASE).expect("lock_with_lease"));
+        let mut events = || drop(observed.lock().expect("lock"));
         interleaved(
             rounds_n,
             burst,
@@ -812,6 +834,7 @@ fn main() {
                 ("nonreentrant_pair", &mut nonreentrant),
                 ("watchdog_pair", &mut watchdog),
                 ("lease_pair", &mut lease),
+                ("events_pair", &mut events),
             ],
         )
     };
@@ -882,6 +905,7 @@ fn main() {
     );
     println!("DIAG: client stats after: {:?}", client.stats());
     drop(client);
+    drop(observed);
 
     let (warm_up, target) = if full { (200, 2_500) } else { (20, 50) };
     let mut handoffs = Vec::new();
@@ -990,6 +1014,12 @@ fn main() {
             fmt_ratio(r, rates.rate("raw_pair"))
         );
     }
+    println!(
+        "SUMMARY: events      | lock()+drop with an event handler (counting) vs without | interleaved {} pairs/s, ratio {} (without a handler no clock is read)",
+        fmt_rate(round_rate(&rounds, "events_pair")),
+        round_ratio(&rounds, "events_pair", "watchdog_pair", 1.0)
+            .map_or_else(|| "n/a".to_owned(), |x| format!("{x:.2}")),
+    );
     for r in &handoffs {
         let p50 = support::quantile(&r.samples, 0.5);
         let p99 = support::quantile(&r.samples, 0.99);

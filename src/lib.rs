@@ -13,6 +13,13 @@
 //!   one thread per client that renews everything due in one round trip, each
 //!   lock at its own interval, and reports a lost lease to its guard.
 //! - **Blocking** API on an r2d2 pool; RAII [`LockGuard`]s.
+//! - **Observable**: [`Lock::holders`] (and the other kinds') says who holds
+//!   a lock, down to the host, process id and [`ClientBuilder::name`] of a
+//!   redlease holder; [`Client::inspect`] and [`Client::list`] read any
+//!   name of the family (the `redlease` command prints them); a
+//!   [`HandleEvent`] set with [`ClientBuilder::event_handler`] hears every
+//!   acquisition, release, lost lease, renewal batch and failover (the
+//!   `metrics` feature's `MetricsHandler` records them as metrics).
 //!
 //! ```
 //! use std::time::Duration;
