@@ -43,7 +43,8 @@ pub trait HandleEvent: Send + Sync + 'static {
         let _ = event;
     }
 
-    /// A guard was released (by drop or `unlock`), whatever the outcome.
+    /// A guard was released (by drop or `unlock`), whatever the outcome. A
+    /// guard given up with `forget` tells nothing.
     fn handle_release(&self, event: ReleaseEvent<'_>) {
         let _ = event;
     }

@@ -30,6 +30,11 @@
 //! refused for a passing reason ([`Unsettled`]), retrying with a jittered
 //! backoff from [`MIN_SETTLE_DELAY`] to [`MAX_SETTLE_DELAY`]. When the client
 //! goes away, requests still unsettled are left to their lease.
+//!
+//! It also keeps the client's process key written (see `engine::process`):
+//! each write runs on a short-lived `redlease-process` thread, one at a
+//! time, so that a slow node of that key (its own, on a Cluster) never holds
+//! up the renewals.
 
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -367,7 +372,17 @@ impl Inner {
     fn run(self: Arc<Self>) {
         while let Some((renewals, unsettled, announce)) = self.next_batch() {
             if let Some(announce) = announce {
-                self.announce(announce);
+                // On a thread of its own: a slow node of the process key
+                // (its own, on a Cluster) must not hold the renewals up.
+                // It schedules the next write when done (one at a time).
+                let inner = Arc::clone(&self);
+                let a = Arc::clone(&announce);
+                let spawned = std::thread::Builder::new()
+                    .name("redlease-process".into())
+                    .spawn(move || inner.announce(a));
+                if spawned.is_err() {
+                    self.announce(announce);
+                }
             }
             if !unsettled.is_empty() {
                 self.settle(unsettled);
@@ -512,6 +527,8 @@ impl Inner {
         };
         let mut st = self.state.lock();
         st.announce = next.map(|at| (at, a));
+        // Written on a thread of its own: the watchdog may sleep past it.
+        self.wake.notify_one();
     }
 
     /// Settles each request not settled meanwhile by its owner (what that

@@ -160,6 +160,21 @@ impl LockGuard {
         &self.held.shared
     }
 
+    /// Its release is not told (an acquisition that was never told: a
+    /// member a MultiLock's failed round gives back).
+    pub(crate) fn untold(&mut self) {
+        self.held.acquired_at = None;
+    }
+
+    /// Tells its acquisition (a MultiLock member's, which no shared
+    /// acquire loop told), for a call begun at `started`.
+    pub(crate) fn tell_acquired(&self, started: Option<Instant>, waited: bool) {
+        let held = &self.held;
+        held.shared
+            .events
+            .acquired(held.hold.kind.label(), &held.hold.name, started, waited);
+    }
+
     /// See [`Held::begin_release`].
     pub(crate) fn begin_release(&mut self) -> Release {
         self.held.begin_release()

@@ -259,7 +259,13 @@ fn with_processes(router: &Router, holders: &mut [Holder]) -> Result<()> {
         None if h.mode == HoldMode::Permits => h.owner.get(..16).map(str::to_owned),
         None => None,
     });
-    let found = processes(router, ids.collect::<Vec<_>>())?;
+    // The processes are extra: holders are listed without them when their
+    // keys cannot be read (an ACL without `redlease_client:*`, a Cluster
+    // node that is down).
+    let found = processes(router, ids.collect::<Vec<_>>()).unwrap_or_else(|e| {
+        log::debug!("reading the holders' process keys failed: {e}");
+        HashMap::new()
+    });
     for h in holders {
         let id = match &h.client_id {
             Some(c) => short_id(c),
@@ -286,7 +292,10 @@ fn lease(pttl: i64) -> Option<Duration> {
 /// read-write: the hash's `mode` field tells), with their processes.
 pub(crate) fn lock_holders(shared: &Shared, name: &str) -> Result<Vec<Holder>> {
     let router = &shared.router;
-    let (fields, pttl): (Vec<(String, String)>, i64) = router.run(name, |c| {
+    // Bytes: a hash that is not a lock (a Redisson map with a binary codec)
+    // may hold fields that are not UTF-8; such fields are no holders.
+    type Fields = Vec<(Vec<u8>, Vec<u8>)>;
+    let (raw, pttl): (Fields, i64) = router.run(name, |c| {
         redis::pipe()
             .atomic()
             .cmd("HGETALL")
@@ -295,6 +304,12 @@ pub(crate) fn lock_holders(shared: &Shared, name: &str) -> Result<Vec<Holder>> {
             .arg(name)
             .query(c)
     })?;
+    // Owner fields and counts are text: a field or value that is not (an
+    // application's binary data) names no holder.
+    let fields: Vec<(String, String)> = raw
+        .into_iter()
+        .filter_map(|(f, v)| Some((String::from_utf8(f).ok()?, String::from_utf8(v).ok()?)))
+        .collect();
     let mut holders = holders_of_hash(&fields, lease(pttl));
     let mode = fields.iter().find(|(f, _)| f == "mode").map(|(_, m)| m);
     if mode.is_some() {
@@ -314,6 +329,9 @@ fn holders_of_hash(fields: &[(String, String)], lease: Option<Duration>) -> Vec<
         .filter_map(|(f, v)| {
             let count = v.parse().ok()?;
             let (client_id, owner_id) = split_owner(f);
+            // An owner field is `<client>:<number>` (`:write` after it):
+            // another field with a number is an application's counter.
+            owner_id?;
             let mode = match (rw, f.ends_with(":write")) {
                 (false, _) => HoldMode::Exclusive,
                 (true, true) => HoldMode::Write,
@@ -508,13 +526,19 @@ pub(crate) fn fair_queue(shared: &Shared, name: &str) -> Result<Vec<Waiter>> {
     let ids = waiters
         .iter()
         .filter_map(|w| w.client_id.as_deref().and_then(short_id));
-    let found = processes(&shared.router, ids.collect::<Vec<_>>())?;
+    let found = processes(&shared.router, ids.collect::<Vec<_>>()).unwrap_or_else(|e| {
+        log::debug!("reading the waiters' process keys failed: {e}");
+        HashMap::new()
+    });
     for w in &mut waiters {
         let id = w.client_id.as_deref().and_then(short_id);
         w.process = id.and_then(|id| found.get(&id)).cloned();
     }
     Ok(waiters)
 }
+
+/// The most fields a hash read as a lock may have (holders, read holds).
+const MAX_LOCK_FIELDS: u64 = 10_000;
 
 /// What the keys of `name` tell of it: its kind, holders, line, lease,
 /// value and waiting processes.
@@ -553,10 +577,25 @@ pub(crate) fn inspect(shared: &Shared, name: &str) -> Result<Inspection> {
         value: None,
         waiting_processes: 0,
     };
+    // At most 21 bytes, as bytes: a whole number (an i64) is at most 20
+    // characters, and the value may be large or binary (any cache entry).
     let counter = |c: &mut crate::net::transport::Connection| {
-        redis::cmd("GET").arg(name).query::<Option<String>>(c)
+        redis::cmd("GETRANGE")
+            .arg(name)
+            .arg(0)
+            .arg(20)
+            .query::<Vec<u8>>(c)
+            .map(|v| String::from_utf8(v).ok())
     };
     found.kind = match kind.as_str() {
+        // A hash with this many fields is a map or a cache, not a lock
+        // (whose fields are its holders): not read whole.
+        "hash"
+            if router.run(name, |c| redis::cmd("HLEN").arg(name).query::<u64>(c))?
+                > MAX_LOCK_FIELDS =>
+        {
+            ObjectKind::Other(kind.clone())
+        }
         "hash" => {
             found.holders = lock_holders(shared, name)?;
             let rw = found
@@ -646,7 +685,8 @@ fn subscribers(router: &Router, name: &str, channels: &[String]) -> Result<u64> 
 }
 
 /// Keys that are parts of another object (a fair lock's line, a token, a
-/// read hold's key, redlease's records and request keys, a process key).
+/// read hold's key, redlease's records and request keys, a process key):
+/// every key that starts with `redlease_` is taken for one of redlease's.
 fn is_part(key: &str) -> bool {
     const PARTS: [&str; 5] = [
         "redisson_lock_queue:",
@@ -673,7 +713,9 @@ pub(crate) fn list(shared: &Shared, pattern: &str) -> Result<Vec<Inspection>> {
     for node in masters {
         let mut cursor = 0u64;
         loop {
-            let (next, keys): (u64, Vec<String>) = node.redis.run(|c| {
+            // Keys as bytes: a key that is not UTF-8 is no lock's name
+            // (names are `&str`), and must not fail the listing.
+            let (next, keys): (u64, Vec<Vec<u8>>) = node.redis.run(|c| {
                 redis::cmd("SCAN")
                     .arg(cursor)
                     .arg("MATCH")
@@ -682,7 +724,11 @@ pub(crate) fn list(shared: &Shared, pattern: &str) -> Result<Vec<Inspection>> {
                     .arg(1000)
                     .query(c)
             })?;
-            names.extend(keys.into_iter().filter(|k| !is_part(k)));
+            names.extend(
+                keys.into_iter()
+                    .filter_map(|k| String::from_utf8(k).ok())
+                    .filter(|k| !is_part(k)),
+            );
             cursor = next;
             if cursor == 0 {
                 break;

@@ -447,6 +447,14 @@ impl Group {
     fn acquire(&self, wait: Wait, lease: Option<Duration>) -> Result<Option<MultiGuard>> {
         let terms = self.terms(lease)?;
         let deadline = wait.deadline();
+        // Each member's acquisition is told on its own client's handler
+        // (its release is, by its guard).
+        let started = self
+            .members
+            .iter()
+            .any(|m| m.shared().events.is_on())
+            .then(Instant::now);
+        let mut rounds = 0u32;
         let notify = Arc::new(Notify::default());
         let mut subs: Vec<Option<Subscription>> = self.members.iter().map(|_| None).collect();
         let mut backoff = Duration::from_millis(5);
@@ -457,11 +465,17 @@ impl Group {
         let mut recheck_until: Option<Instant> = None;
         loop {
             let round = self.round(&terms);
+            rounds += 1;
             for s in subs.iter().flatten() {
                 s.used();
             }
             let until = match self.settle_round(round, &terms) {
-                Ok(Ok(guard)) => return Ok(Some(guard)),
+                Ok(Ok(guard)) => {
+                    for g in &guard.guards {
+                        g.tell_acquired(started, rounds > 1);
+                    }
+                    return Ok(Some(guard));
+                }
                 Ok(Err((split, busy))) => {
                     let now = Instant::now();
                     if deadline.is_some_and(|d| now >= d) {
@@ -630,7 +644,11 @@ impl Group {
         let split = !round.guards.is_empty();
         // Give back what the round took (a release that fails is completed
         // by its client in the background).
-        if let Err(e) = release_all(round.guards) {
+        let mut given_back = round.guards;
+        for g in &mut given_back {
+            g.untold();
+        }
+        if let Err(e) = release_all(given_back) {
             log::debug!("giving back {:?} after a failed round: {e}", self.name());
         }
         let answered = n - round.errors.len();

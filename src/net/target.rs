@@ -73,7 +73,7 @@ impl Target {
     }
 }
 
-type Listener = Box<dyn Fn(&str) + Send + Sync>;
+type Listener = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// A Sentinel group's master, as the client sees it.
 pub(crate) struct Sentinel {
@@ -120,7 +120,7 @@ impl Sentinel {
 
     /// Runs `f` with the new master's address whenever the master changes.
     pub(crate) fn on_change(&self, f: impl Fn(&str) + Send + Sync + 'static) {
-        self.listeners.lock().push(Box::new(f));
+        self.listeners.lock().push(Arc::new(f));
     }
 
     fn master(&self) -> RedisResult<Endpoint> {
@@ -242,7 +242,10 @@ impl Sentinel {
             if generation > 1 {
                 log::warn!("the master of {:?} is now {}", self.name, endpoint.addr);
                 let addr = endpoint.addr.to_string();
-                for f in self.listeners.lock().iter() {
+                // Called outside the lock (a listener may be the user's
+                // event handler).
+                let listeners = self.listeners.lock().clone();
+                for f in listeners {
                     f(&addr);
                 }
             } else {

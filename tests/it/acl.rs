@@ -195,3 +195,40 @@ fn missing_permissions_are_auth_errors() {
         "a release that failed changed nothing"
     );
 }
+
+/// The README's rule plus what it says reading holders needs: `holders()`
+/// with each holder's process, and `Client::inspect`.
+#[test]
+fn readme_acl_rule_with_inspection_lists_holders() {
+    let srv = RedisServer::start();
+    let rule = format!("{LOCKER_RULE} +hgetall +multi +exec");
+    acl(&srv, "locker", &rule);
+    let c = Client::builder(url_as(&srv, "locker", "lockpw"))
+        .name("acl-inspector")
+        .build()
+        .expect("the user connects");
+    let lock = c.lock("orders:9");
+    let _g = lock.lock().expect("lock");
+    let mut holders = Vec::new();
+    wait_until(
+        "the holder with its process",
+        Duration::from_secs(10),
+        || {
+            holders = lock.holders().expect("holders as the README's user");
+            holders.len() == 1 && holders[0].process.is_some()
+        },
+    );
+    let p = holders[0].process.as_ref().expect("process");
+    assert_eq!(p.name.as_deref(), Some("acl-inspector"));
+    // inspect() reads the family's other keys too: read access to all.
+    acl(
+        &srv,
+        "locker",
+        "%R~* +type +hlen +getrange +lrange +zrange +time +pubsub +scan",
+    );
+    let found = c.inspect("orders:9").expect("inspect as the README's user");
+    assert_eq!(found.kind, redlease::ObjectKind::Lock);
+    assert_eq!(found.holders[0].owner, holders[0].owner);
+    assert_eq!(found.holders[0].process.as_ref(), Some(p));
+    assert_eq!(c.list("orders:*").expect("list").len(), 1);
+}

@@ -8,8 +8,8 @@ use std::thread;
 use std::time::Duration;
 
 use redlease::{
-    AcquireEvent, Client, FailoverEvent, HandleEvent, LostEvent, ReconnectEvent, ReleaseEvent,
-    RenewalBatchEvent,
+    AcquireEvent, Client, FailoverEvent, HandleEvent, LostEvent, MultiLock, ReconnectEvent,
+    ReleaseEvent, RenewalBatchEvent,
 };
 
 use crate::support::{wait_until, RedisServer};
@@ -214,4 +214,54 @@ fn a_panicking_handler_is_contained() {
         .expect("acquired despite the handler");
     assert!(g.ensure_held().is_ok());
     g.unlock().expect("released");
+}
+
+/// A MultiLock tells each member's acquisition and release, and nothing of
+/// the members a failed round gave back.
+#[test]
+fn a_multilock_tells_as_many_acquisitions_as_releases() {
+    let srv = RedisServer::start();
+    let ev = Recorder::default();
+    let c = Client::builder(srv.url())
+        .event_handler(ev.clone())
+        .build()
+        .expect("client");
+    let multi = MultiLock::new(vec![c.lock("rv:a"), c.lock("rv:b")]).expect("multi");
+    drop(multi.lock().expect("lock"));
+    // A failed try: b is busy (another client), a is taken and given back.
+    let other = Client::open(srv.url().as_str()).expect("client");
+    let _b = other.lock("rv:b").lock().expect("b");
+    assert!(multi.try_lock().expect("try").is_none());
+    let lines = ev.lines();
+    println!("{lines:#?}");
+    let acquires = lines.iter().filter(|l| l.starts_with("acquire")).count();
+    let releases = lines.iter().filter(|l| l.starts_with("release")).count();
+    assert_eq!(acquires, releases, "{lines:#?}");
+}
+
+/// A handler that panics, called from a guard dropped while its thread
+/// unwinds from a panic: the process must not abort, and the lock is
+/// released.
+#[test]
+fn a_panicking_handler_in_a_drop_during_unwinding() {
+    struct Bad;
+    impl redlease::HandleEvent for Bad {
+        fn handle_release(&self, _: redlease::ReleaseEvent<'_>) {
+            panic!("handler panics on release");
+        }
+    }
+    let srv = RedisServer::start();
+    let c = Client::builder(srv.url())
+        .event_handler(Bad)
+        .build()
+        .expect("client");
+    let lock = c.lock("rv:unwind");
+    let l2 = lock.clone();
+    let r = std::thread::spawn(move || {
+        let _g = l2.lock().expect("lock");
+        panic!("the holder panics");
+    })
+    .join();
+    assert!(r.is_err());
+    assert!(!lock.is_locked().expect("is_locked"), "released on unwind");
 }

@@ -5,11 +5,11 @@
 
 use std::sync::mpsc;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redlease::{Client, HoldMode, Holder, ObjectKind};
 
-use crate::support::{wait_until, RedisServer};
+use crate::support::{wait_until, Cluster, RedisServer};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -351,7 +351,10 @@ fn inspect_counts_the_processes_waiting() {
     let waiting = other.count_down_latch("inspect:latch");
     let waiter = thread::spawn(move || waiting.wait_for(WAIT).expect("wait"));
     wait_until("the latch waiter's subscription", WAIT, || {
-        c.inspect("inspect:latch").expect("inspect").waiting_processes == 1
+        c.inspect("inspect:latch")
+            .expect("inspect")
+            .waiting_processes
+            == 1
     });
     latch.count_down().expect("count down");
     assert!(waiter.join().expect("waiter"), "the latch opened");
@@ -382,4 +385,173 @@ fn the_process_key_expires_after_its_client() {
     wait_until("the process key to expire", WAIT, || {
         srv.cmd(&["EXISTS", &key]) == "0"
     });
+}
+
+/// A key with binary data (an application's) among the keys a pattern
+/// matches is no lock, and `list` goes on past it.
+#[test]
+fn list_and_inspect_survive_binary_values() {
+    let srv = RedisServer::start();
+    let c = Client::open(srv.url().as_str()).expect("client");
+    let _g = c.lock("rv:lock").lock().expect("lock");
+    let mut r = srv.conn();
+    let _: () = redis::cmd("SET")
+        .arg("rv:blob")
+        .arg(&[0xff_u8, 0xfe, 0x00][..])
+        .query(&mut r)
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg("rv:binhash")
+        .arg(&[0xc3_u8, 0x28][..])
+        .arg(&[0xff_u8][..])
+        .query(&mut r)
+        .unwrap();
+
+    let found = c.inspect("rv:blob");
+    println!("inspect(rv:blob) = {found:?}");
+    let found = c.inspect("rv:binhash");
+    println!("inspect(rv:binhash) = {found:?}");
+    let listed = c.list("rv:*");
+    println!("list(rv:*) = {listed:?}");
+    let listed = listed.expect("list skips keys that are no lock");
+    let names: Vec<&str> = listed.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, ["rv:lock"]);
+    assert_eq!(
+        c.inspect("rv:binhash").expect("inspect").kind,
+        ObjectKind::Other("hash".into())
+    );
+}
+
+/// A hash of counters (an application's) is no lock: a holder's field is
+/// `<client>:<number>`.
+#[test]
+fn a_hash_of_counts_is_not_a_lock() {
+    let srv = RedisServer::start();
+    let c = Client::open(srv.url().as_str()).expect("client");
+    srv.cmd(&["HSET", "rv:stats", "hits", "5", "misses", "2"]);
+    let found = c.inspect("rv:stats").expect("inspect");
+    println!(
+        "inspect(rv:stats) = {:?} holders {:?}",
+        found.kind, found.holders
+    );
+    let listed = c.list("rv:*").expect("list");
+    println!(
+        "list(rv:*) = {:?}",
+        listed
+            .iter()
+            .map(|i| (&i.name, &i.kind))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(found.kind, ObjectKind::Other("hash".into()));
+    assert!(listed.is_empty());
+}
+
+/// A user who may read its locks (HGETALL, MULTI, EXEC added to the
+/// README's rule) but not the process keys: the holders are listed, without
+/// their process.
+#[test]
+fn holders_without_access_to_process_keys() {
+    let srv = RedisServer::start();
+    let rule = "on >lockpw resetkeys ~orders:* ~redisson_lock__channel:* \
+        ~redisson_unlock_latch:* ~redlease_acquire_cancel:* ~redlease_force_unlock_latch:* \
+        resetchannels &redisson_lock__channel:* -@all +eval +evalsha +exists +get +set +del \
+        +hset +hget +hmget +hexists +hdel +pexpire +pttl +publish +subscribe +unsubscribe \
+        +ping +role +wait +hgetall +multi +exec";
+    crate::acl::acl(&srv, "reader", rule);
+    let c = Client::builder(format!("redis://reader:lockpw@127.0.0.1:{}/", srv.port()))
+        .build()
+        .expect("client");
+    let lock = c.lock("orders:2");
+    let _g = lock.lock().expect("lock");
+    let h = lock.holders();
+    println!("holders() = {h:?}");
+    let h = h.expect("the holders, without their process");
+    assert_eq!(h.len(), 1);
+}
+
+/// The process key comes back after a restart that lost it.
+#[test]
+fn the_process_key_comes_back_after_a_restart() {
+    let srv = RedisServer::start();
+    let c = Client::builder(srv.url())
+        .watchdog_timeout(Duration::from_millis(900))
+        .build()
+        .expect("client");
+    drop(
+        c.lock("rv:r")
+            .lock_with_lease(Duration::from_secs(1))
+            .expect("lock"),
+    );
+    let short: String = c.id().chars().filter(|c| *c != '-').take(16).collect();
+    let key = format!("redlease_client:{{{short}}}");
+    crate::support::wait_until("published", Duration::from_secs(10), || {
+        srv.cmd(&["EXISTS", &key]) == "1"
+    });
+    srv.cmd(&["FLUSHALL"]);
+    srv.restart();
+    crate::support::wait_until("published again", Duration::from_secs(10), || {
+        srv.cmd(&["EXISTS", &key]) == "1"
+    });
+}
+
+/// The process key's node is slow (it answers within the response
+/// timeout): its writes must not hold up the renewals of a lock on another,
+/// healthy node (they did: the lock lost its lease after 2.8 s).
+#[test]
+fn a_slow_process_key_node_loses_a_lock_on_a_healthy_node() {
+    let cluster = Cluster::start_behind_proxies(3, 0, &[]);
+    let lease = Duration::from_millis(1500);
+    let response = Duration::from_millis(1400);
+    let c = Client::cluster_builder(cluster.seeds())
+        .watchdog_timeout(lease)
+        .response_timeout(response)
+        .build()
+        .expect("client");
+    let short: String = c.id().chars().filter(|c| *c != '-').take(16).collect();
+    let key = format!("redlease_client:{{{short}}}");
+    let key_node = cluster.master_of_slot(cluster.slot_of(&key));
+    // A lock on another master.
+    let name = cluster
+        .names_on_each_master("rv-healthy", 1)
+        .into_iter()
+        .flatten()
+        .find(|n| cluster.master_of_slot(cluster.slot_of(n)).port() != key_node.port())
+        .expect("a name on another master");
+    let g = c.lock(&name).lock().expect("lock");
+    crate::support::wait_until("the process key", Duration::from_secs(10), || {
+        key_node.cmd(&["EXISTS", &key]) == "1"
+    });
+    // The key's node becomes slow: each round trip 1.3 s late (within the
+    // response timeout: no failure, no fail-fast).
+    cluster
+        .proxy_of(key_node)
+        .set_delay(Duration::from_millis(650));
+    let node = cluster.master_of_slot(cluster.slot_of(&name));
+    let started = Instant::now();
+    let mut gone_at = None;
+    let mut seemed_lost_at = None;
+    while started.elapsed() < Duration::from_secs(6) {
+        if seemed_lost_at.is_none() && g.is_lost() {
+            seemed_lost_at = Some(started.elapsed());
+        }
+        if gone_at.is_none() && node.cmd(&["EXISTS", &name]) == "0" {
+            gone_at = Some(started.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cluster.proxy_of(key_node).set_delay(Duration::ZERO);
+    let stats = c.stats();
+    println!(
+        "key gone from redis at {gone_at:?}; guard seemed lost at {seemed_lost_at:?}; \
+         lost now: {}; locks_lost {} renewals {} batches {}",
+        g.is_lost(),
+        stats.locks_lost,
+        stats.renewals,
+        stats.renewal_batches
+    );
+    assert_eq!(
+        gone_at, None,
+        "a lock on a healthy node lost its lease in redis"
+    );
+    assert_eq!(stats.locks_lost, 0);
 }
