@@ -25,7 +25,15 @@ use serde_json::{json, Value};
 /// Who holds a Redis lock, and who waits for it (redlease and Redisson
 /// locks, semaphores, latches).
 #[derive(Parser, Debug)]
-#[command(name = "redlease", version, about, long_about = None)]
+#[command(
+    name = "redlease",
+    version,
+    about,
+    long_about = None,
+    after_help = "Exit codes: 0 done; 1 nothing there (no such name, nothing held to unlock, \
+                  not a lock); 2 bad usage; 3 Redis not reached or refused; 4 force-unlock \
+                  not confirmed; 5 the output could not be written."
+)]
 struct Cli {
     /// The server: `redis://` or `rediss://` (TLS), with `user:password@`
     /// for an ACL user. Give it several times for a Cluster's seeds or a
@@ -34,6 +42,8 @@ struct Cli {
         long,
         short = 'u',
         env = "REDIS_URL",
+        // The url may hold a password: never print REDIS_URL in --help.
+        hide_env_values = true,
         value_delimiter = ',',
         default_value = "redis://127.0.0.1:6379/"
     )]
@@ -53,7 +63,12 @@ struct Cli {
     tls_ca: Option<std::path::PathBuf>,
 
     /// How long to wait for a connection and for each reply.
-    #[arg(long, value_name = "SECONDS", default_value_t = 2.0)]
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 2.0,
+        allow_negative_numbers = true
+    )]
     timeout: f64,
 
     /// Print JSON (one document; `watch` prints one line per refresh).
@@ -79,7 +94,8 @@ enum Command {
         #[arg(default_value = "*")]
         pattern: String,
     },
-    /// Deletes a lock whoever holds it and wakes a waiter; asks first.
+    /// Deletes a lock whoever holds it and wakes its waiters; asks first
+    /// (showing the holders), and does nothing if they changed meanwhile.
     ForceUnlock {
         /// The lock's name.
         name: String,
@@ -87,17 +103,23 @@ enum Command {
         #[arg(long, short = 'y')]
         yes: bool,
     },
-    /// A live view: one line per lock with its holder, a bar for the lease
-    /// left, and its waiters, refreshed every second until Ctrl-C.
+    /// A live view: one line per object with its holder, a bar for the lease
+    /// left, and its waiters, refreshed every --interval seconds until
+    /// Ctrl-C; it keeps going (and says so) while Redis cannot be reached.
     Watch {
         /// A glob: `*`, `?`, `[abc]`.
         #[arg(default_value = "*")]
         pattern: String,
         /// Seconds between refreshes.
-        #[arg(long, default_value_t = 1.0)]
+        #[arg(
+            long,
+            value_name = "SECONDS",
+            default_value_t = 1.0,
+            allow_negative_numbers = true
+        )]
         interval: f64,
         /// Stop after this many refreshes (default: never).
-        #[arg(long)]
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         count: Option<u64>,
     },
 }
@@ -106,6 +128,7 @@ enum Command {
 const NOTHING: u8 = 1;
 const UNREACHABLE: u8 = 3;
 const NOT_CONFIRMED: u8 = 4;
+const OUTPUT: u8 = 5;
 
 /// A failure: what to print, and the exit code.
 struct Failure(u8, String);
@@ -117,7 +140,55 @@ impl From<redlease::Error> for Failure {
         } else {
             UNREACHABLE
         };
-        Failure(code, e.to_string())
+        // The cause too: "redis answered with an error" alone does not tell
+        // an operator what went wrong.
+        let mut message = e.to_string();
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            let c_text = c.to_string();
+            if !message.ends_with(&c_text) {
+                message.push_str(&format!(": {c_text}"));
+            }
+            cause = c.source();
+        }
+        Failure(code, message)
+    }
+}
+
+impl From<std::io::Error> for Failure {
+    fn from(e: std::io::Error) -> Failure {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            // The reader is gone (`| head`): stop, quietly.
+            Failure(0, String::new())
+        } else {
+            Failure(OUTPUT, format!("cannot write the output: {e}"))
+        }
+    }
+}
+
+/// Writes `s` and flushes: an output that cannot be written ends the command.
+fn emit(out: &mut impl Write, s: &str) -> Result<(), Failure> {
+    out.write_all(s.as_bytes())?;
+    out.flush()?;
+    Ok(())
+}
+
+/// `s` with control characters (newlines, escape sequences) escaped: names
+/// and owner fields are any bytes a client wrote, not text for the terminal.
+fn clean(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.chars().any(char::is_control) {
+        s.chars()
+            .map(|c| {
+                if c.is_control() {
+                    c.escape_default().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect::<String>()
+            .into()
+    } else {
+        s.into()
     }
 }
 
@@ -126,22 +197,28 @@ fn main() -> ExitCode {
     match run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure(code, message)) => {
-            eprintln!("redlease: {message}");
+            if !message.is_empty() {
+                let _ = writeln!(std::io::stderr(), "redlease: {message}");
+            }
             ExitCode::from(code)
         }
     }
 }
 
 fn run(cli: &Cli) -> Result<(), Failure> {
+    // Bad usage is told before any connection is tried (exit 2, not 3).
+    if let Command::Watch { interval, .. } = &cli.command {
+        seconds("--interval", *interval)?;
+    }
     let client = connect(cli)?;
     let mut out = std::io::stdout().lock();
     match &cli.command {
         Command::Inspect { name } => {
             let found = client.inspect(name)?;
             if cli.json {
-                print_json(&mut out, &inspection_json(&found));
+                emit(&mut out, &json_text(&inspection_json(&found)))?;
             } else {
-                print_inspection(&mut out, &found);
+                emit(&mut out, &inspection_text(&found))?;
             }
             if found.kind == ObjectKind::Missing {
                 return Err(Failure(
@@ -154,14 +231,13 @@ fn run(cli: &Cli) -> Result<(), Failure> {
         Command::List { pattern } => {
             let found = client.list(pattern)?;
             if cli.json {
-                print_json(
+                emit(
                     &mut out,
-                    &Value::Array(found.iter().map(inspection_json).collect()),
-                );
+                    &json_text(&Value::Array(found.iter().map(inspection_json).collect())),
+                )?;
             } else {
-                for i in &found {
-                    let _ = writeln!(out, "{}", list_line(i, None));
-                }
+                let text: String = found.iter().map(|i| list_line(i, None) + "\n").collect();
+                emit(&mut out, &text)?;
             }
             Ok(())
         }
@@ -177,8 +253,19 @@ fn run(cli: &Cli) -> Result<(), Failure> {
 fn seconds(what: &str, s: f64) -> Result<Duration, Failure> {
     Duration::try_from_secs_f64(s)
         .ok()
-        .filter(|d| !d.is_zero())
-        .ok_or_else(|| Failure(2, format!("{what} {s} is not a positive number of seconds")))
+        .filter(|d| *d >= Duration::from_millis(1) && *d <= Duration::from_secs(86_400))
+        .ok_or_else(|| {
+            Failure(
+                2,
+                format!("{what} {}: give a number of seconds from 0.001 to 86400", {
+                    if s.abs() < 1e9 {
+                        format!("{s}")
+                    } else {
+                        format!("{s:e}")
+                    }
+                }),
+            )
+        })
 }
 
 fn connect(cli: &Cli) -> Result<Client, Failure> {
@@ -252,13 +339,30 @@ fn force_unlock(
                 "not confirmed: pass --yes to force-unlock without a terminal to ask on".into(),
             ));
         }
-        print_inspection(&mut std::io::stderr(), &found);
+        eprint!("{}", inspection_text(&found));
         eprint!("Delete {name:?}, whoever holds it? The holders lose it at once. [y/N] ");
         let _ = std::io::stderr().flush();
         let mut answer = String::new();
         let _ = stdin.lock().read_line(&mut answer);
-        if !matches!(answer.trim(), "y" | "Y" | "yes") {
+        if !answer.trim().eq_ignore_ascii_case("y") && !answer.trim().eq_ignore_ascii_case("yes") {
             return Err(Failure(NOT_CONFIRMED, "not confirmed: nothing done".into()));
+        }
+        // The answer took a human's time: the holders shown may have let go
+        // and another taken it. Delete only what was confirmed.
+        let now = client.inspect(name)?;
+        let owners = |i: &Inspection| {
+            let mut o: Vec<String> = i.holders.iter().map(|h| h.owner.clone()).collect();
+            o.sort();
+            o
+        };
+        if now.kind != found.kind || owners(&now) != owners(&found) {
+            return Err(Failure(
+                NOT_CONFIRMED,
+                format!(
+                    "the holders of {name:?} changed while you were asked: nothing done; run it \
+                     again to see who holds it now"
+                ),
+            ));
         }
     }
     let deleted = match found.kind {
@@ -267,9 +371,12 @@ fn force_unlock(
         _ => client.lock(name).force_unlock()?,
     };
     if json {
-        print_json(out, &json!({ "name": name, "unlocked": deleted }));
+        emit(
+            out,
+            &json_text(&json!({ "name": name, "unlocked": deleted })),
+        )?;
     } else if deleted {
-        let _ = writeln!(out, "unlocked {name}");
+        emit(out, &format!("unlocked {}\n", clean(name)))?;
     }
     if deleted {
         Ok(())
@@ -294,11 +401,59 @@ fn watch(
     // The longest lease seen per name: the bar's full width.
     let mut longest: std::collections::HashMap<String, Duration> = Default::default();
     let mut n = 0u64;
+    // Since when Redis cannot be reached (watch keeps going meanwhile).
+    let mut down_since: Option<SystemTime> = None;
     loop {
-        let found = client.list(pattern)?;
+        let found = match client.list(pattern) {
+            Ok(found) => {
+                down_since = None;
+                Some(found)
+            }
+            // Bad input or credentials: waiting will not help.
+            Err(e) if e.is_invalid_argument() || e.is_auth() => return Err(e.into()),
+            Err(e) => {
+                let since = *down_since.get_or_insert_with(SystemTime::now);
+                let Failure(_, message) = e.into();
+                let line = format!(
+                    "redis not answering since {} (now {}): {message}; retrying\n",
+                    clock(since),
+                    clock(SystemTime::now())
+                );
+                if tty && !json {
+                    emit(out, &format!("\x1b[2J\x1b[H{}\n", clean(line.trim_end())))?;
+                } else {
+                    let _ = std::io::stderr().write_all(line.as_bytes());
+                }
+                None
+            }
+        };
+        if let Some(found) = found {
+            emit(
+                out,
+                &watch_screen(&found, pattern, interval, json, tty, &mut longest),
+            )?;
+        }
+        n += 1;
+        if count.is_some_and(|c| n >= c) {
+            return Ok(());
+        }
+        std::thread::sleep(interval);
+    }
+}
+
+/// One refresh of `watch`.
+fn watch_screen(
+    found: &[Inspection],
+    pattern: &str,
+    interval: Duration,
+    json: bool,
+    tty: bool,
+    longest: &mut std::collections::HashMap<String, Duration>,
+) -> String {
+    {
         if json {
             let v = Value::Array(found.iter().map(inspection_json).collect());
-            let _ = writeln!(out, "{v}");
+            format!("{v}\n")
         } else {
             let mut screen = String::new();
             if tty {
@@ -310,7 +465,7 @@ fn watch(
                 found.len(),
                 clock(SystemTime::now())
             ));
-            for i in &found {
+            for i in found {
                 let lease = i.holders.iter().filter_map(|h| h.remaining_lease).max();
                 let full = longest.entry(i.name.clone()).or_default();
                 if let Some(l) = lease {
@@ -319,23 +474,13 @@ fn watch(
                 screen.push_str(&list_line(i, Some(*full)));
                 screen.push('\n');
             }
-            let _ = out.write_all(screen.as_bytes());
+            screen
         }
-        let _ = out.flush();
-        n += 1;
-        if count.is_some_and(|c| n >= c) {
-            return Ok(());
-        }
-        std::thread::sleep(interval);
     }
 }
 
-fn print_json(out: &mut impl Write, v: &Value) {
-    let _ = writeln!(
-        out,
-        "{}",
-        serde_json::to_string_pretty(v).unwrap_or_default()
-    );
+fn json_text(v: &Value) -> String {
+    serde_json::to_string_pretty(v).unwrap_or_default() + "\n"
 }
 
 fn ms(d: Option<Duration>) -> Value {
@@ -425,13 +570,13 @@ fn process_text(process: &Option<ProcessInfo>) -> Option<String> {
             .as_deref()
             .map(|n| format!("{n} "))
             .unwrap_or_default();
-        format!("{name}pid {} on {}", p.pid, p.host)
+        clean(&format!("{name}pid {} on {}", p.pid, p.host)).into_owned()
     })
 }
 
 /// Who a holder or waiter is: its process when known, else its owner field.
 fn who(owner: &str, process: &Option<ProcessInfo>) -> String {
-    process_text(process).unwrap_or_else(|| owner.to_owned())
+    process_text(process).unwrap_or_else(|| clean(owner).into_owned())
 }
 
 /// A holder's or waiter's process in full, or why there is none.
@@ -441,14 +586,16 @@ fn process_detail(process: &Option<ProcessInfo>) -> String {
             "{}, since {} (redlease {})",
             process_text(process).unwrap_or_default(),
             clock(p.started),
-            p.version
+            clean(&p.version)
         ),
         None => "no process key (not a redlease client, or gone)".to_owned(),
     }
 }
 
-fn print_inspection(out: &mut impl Write, i: &Inspection) {
-    let mut s = format!("{}  {}", i.name, i.kind.as_str());
+fn inspection_text(i: &Inspection) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let mut s = format!("{}  {}", clean(&i.name), clean(i.kind.as_str()));
     if i.remaining_lease.is_some() {
         s.push_str(&format!("  lease {} left", lease_text(i.remaining_lease)));
     }
@@ -462,7 +609,7 @@ fn print_inspection(out: &mut impl Write, i: &Inspection) {
         let _ = writeln!(
             out,
             "  holder  {}  {} x{}  lease {}  {}",
-            h.owner,
+            clean(&h.owner),
             mode(h.mode),
             h.count,
             lease_text(h.remaining_lease),
@@ -474,7 +621,7 @@ fn print_inspection(out: &mut impl Write, i: &Inspection) {
             out,
             "  waiter {}  {}  place kept {:.1} s  {}",
             n + 1,
-            w.owner,
+            clean(&w.owner),
             w.place_kept_for.as_secs_f64(),
             process_detail(&w.process)
         );
@@ -482,6 +629,7 @@ fn print_inspection(out: &mut impl Write, i: &Inspection) {
     if i.waiting_processes > 0 {
         let _ = writeln!(out, "  {} process(es) waiting", i.waiting_processes);
     }
+    out
 }
 
 /// One line of `list` and `watch`: name, kind, first holder, the lease
@@ -532,8 +680,8 @@ fn list_line(i: &Inspection, full: Option<Duration>) -> String {
     };
     let line = format!(
         "{:<24} {:<19} {bar}{lease:<8} {holder}{value}{waiting}",
-        i.name,
-        i.kind.as_str()
+        clean(&i.name),
+        clean(i.kind.as_str())
     );
     line.trim_end().to_owned()
 }

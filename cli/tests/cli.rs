@@ -275,3 +275,162 @@ fn a_cluster_is_listed_across_its_masters() {
     wait_lost(&guards[2]);
     assert!(guards[0].ensure_held().is_ok());
 }
+
+// ---- Added by review ----
+
+/// A key or a string value that is not UTF-8 (Redisson's default codecs
+/// write binary values) must not make `list` fail: it is not a lock.
+#[test]
+fn list_skips_binary_keys_and_values() {
+    let srv = RedisServer::start();
+    let url = srv.url();
+    let mut conn = srv.conn();
+    let _: () = redis::cmd("SET")
+        .arg("bin:value")
+        .arg(b"\xac\xed\x00\x05t\x00\x03abc".as_slice())
+        .query(&mut conn)
+        .expect("SET");
+    let _: () = redis::cmd("SET")
+        .arg(b"bin:k\xff".as_slice())
+        .arg("v")
+        .query(&mut conn)
+        .expect("SET");
+    let _: () = redis::cmd("HSET")
+        .arg("bin:map")
+        .arg(b"\xac\xed\x00\x05".as_slice())
+        .arg(b"\x01\x02".as_slice())
+        .query(&mut conn)
+        .expect("HSET");
+    let c = named(&url);
+    let _g = c.lock("bin:lock").lock().expect("lock");
+    let o = redlease(&["--url", &url, "list", "bin:*"]);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert!(stdout(&o).starts_with("bin:lock "), "{}", show(&o));
+}
+
+/// `watch` is kept open while debugging: Redis going away for a moment must
+/// not end it; it says so and shows the locks again once Redis is back.
+#[test]
+fn watch_keeps_going_while_redis_is_away() {
+    let srv = RedisServer::start();
+    let url = srv.url();
+    srv.cmd(&["HSET", "w:1", "8d1f3b9e-1c2d-4e5f-8a9b-0c1d2e3f4a5b:1", "1"]);
+    let child = Command::new(BIN)
+        .args(["--url", &url, "--timeout", "0.5", "--json", "watch", "w:*"])
+        .args(["--interval", "0.2", "--count", "25"])
+        .env_remove("REDIS_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    std::thread::sleep(Duration::from_millis(800));
+    srv.stop();
+    std::thread::sleep(Duration::from_millis(1200));
+    srv.restart();
+    srv.cmd(&["HSET", "w:1", "8d1f3b9e-1c2d-4e5f-8a9b-0c1d2e3f4a5b:2", "1"]);
+    let o = child.wait_with_output().expect("wait");
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let text = stdout(&o);
+    assert!(
+        text.lines().last().is_some_and(|l| l.contains(":2\"")),
+        "shown again after the restart: {}",
+        show(&o)
+    );
+}
+
+/// `redlease watch | head -1`: once the reader is gone, watch must end
+/// instead of refreshing into a closed pipe forever.
+#[test]
+fn watch_ends_when_its_output_is_closed() {
+    use std::io::{BufRead, BufReader};
+    let srv = RedisServer::start();
+    let url = srv.url();
+    let mut child = Command::new(BIN)
+        .args(["--url", &url, "watch", "--interval", "0.1"])
+        .env_remove("REDIS_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut first)
+        .expect("a first line");
+    // The reader (here: the BufReader) is dropped: the pipe is closed.
+    let ended = (0..50).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        child.try_wait().expect("try_wait").is_some()
+    });
+    if !ended {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    assert!(ended, "watch still running 5 s after its output was closed");
+}
+
+/// The url may hold a password: `--help` must not print REDIS_URL's value.
+#[test]
+fn help_does_not_print_the_password_in_redis_url() {
+    let o = Command::new(BIN)
+        .arg("--help")
+        .env("REDIS_URL", "redis://admin:S3cret@10.0.0.5:6379/")
+        .output()
+        .expect("run");
+    assert_eq!(o.status.code(), Some(0));
+    assert!(!stdout(&o).contains("S3cret"), "{}", stdout(&o));
+}
+
+/// A name (or an owner field) with a newline or an escape sequence is shown
+/// escaped: one line per object, nothing the terminal interprets.
+#[test]
+fn list_escapes_control_characters() {
+    let srv = RedisServer::start();
+    let url = srv.url();
+    srv.cmd(&["HSET", "x\nfake                     lock", "u:1", "1"]);
+    srv.cmd(&["HSET", "esc", "\x1b[2Ju:1", "1"]);
+    let o = redlease(&["--url", &url, "list"]);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let text = stdout(&o);
+    assert_eq!(text.lines().count(), 2, "{text:?}");
+    assert!(!text.contains('\x1b'), "{text:?}");
+}
+
+/// Fair and read-write locks are force-unlocked as what they are: the fair
+/// lock's first waiter gets it, a read-write lock's readers are let go.
+#[test]
+fn force_unlock_fair_and_read_write_locks() {
+    let srv = RedisServer::start();
+    let url = srv.url();
+    let c = named(&url);
+    let g = c.fair_lock("f:1").lock().expect("lock");
+    let waiter = {
+        let url = url.clone();
+        std::thread::spawn(move || {
+            let c = named(&url);
+            let g = c.fair_lock("f:1").lock().expect("waiter gets it");
+            drop(g);
+        })
+    };
+    redlease_testkit::wait_until("a waiter in line", Duration::from_secs(10), || {
+        c.inspect("f:1").expect("inspect").queue.len() == 1
+    });
+    let o = redlease(&["--url", &url, "--json", "inspect", "f:1"]);
+    let v: Value = serde_json::from_str(&stdout(&o)).expect("JSON");
+    assert_eq!(v["kind"], "fair-lock", "{v}");
+    let o = redlease(&["--url", &url, "force-unlock", "f:1", "--yes"]);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    waiter.join().expect("the waiter took the lock");
+    wait_lost(&g);
+
+    let r = c.read_write_lock("rw:1").read_lock().lock().expect("read");
+    let o = redlease(&["--url", &url, "force-unlock", "rw:1", "--yes"]);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    wait_lost(&r);
+    assert!(c
+        .read_write_lock("rw:1")
+        .write_lock()
+        .try_lock()
+        .expect("try")
+        .is_some());
+}
