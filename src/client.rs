@@ -507,6 +507,7 @@ impl ClientBuilder {
     /// several) for `rediss://` servers, instead of the system's roots.
     /// Defaults to the system's roots.
     #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn tls_root_certificate(mut self, ca_pem: impl Into<Vec<u8>>) -> Self {
         self.tls.root_certificate = Some(ca_pem.into());
         self
@@ -516,6 +517,7 @@ impl ClientBuilder {
     /// private key (PEM: PKCS#8, PKCS#1 or SEC1) to `rediss://` servers that
     /// ask for one (mutual TLS, `tls-auth-clients yes`). Defaults to none.
     #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn tls_client_identity(
         mut self,
         cert_pem: impl Into<Vec<u8>>,
@@ -645,7 +647,7 @@ impl ClientBuilder {
     /// Calls `handler` for each acquisition, release, lost lease, renewal
     /// batch, failover followed and subscriber reconnect (see
     /// [`HandleEvent`]; with the `metrics` feature,
-    /// [`MetricsHandler`](crate::MetricsHandler) records them with the
+    /// `MetricsHandler` records them with the
     /// `metrics` crate). Defaults to none: then nothing is measured.
     pub fn event_handler(mut self, handler: impl HandleEvent) -> Self {
         self.event_handler = Some(Arc::new(handler));

@@ -110,6 +110,16 @@
 //! # }
 //! ```
 //!
+//! ## Features
+//!
+//! - `tls` (default): `rediss://` urls, TLS and mutual TLS through rustls
+//!   with the ring provider and the system's roots (adds `rustls`, `ring`
+//!   and `rustls-native-certs`; no OpenSSL, no cmake). Without it a
+//!   `rediss://` url is refused with an error that names the feature.
+//! - `metrics`: `MetricsHandler`, an event handler that records redlease's
+//!   events with the [`metrics`](https://docs.rs/metrics) facade (adds the
+//!   `metrics` crate).
+//!
 //! ## Guarantees and limits
 //!
 //! A Redis lock is a lease. A holder that pauses (GC-like stall, swap, a
@@ -120,6 +130,7 @@
 //! replicated one that fails over) can lose a lock on a crash.
 
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
 // The layers, top down; an import only points down this list (checked by
@@ -162,6 +173,7 @@ pub use crate::kinds::owned::{OwnedLock, OwnedLockGuard};
 pub use crate::kinds::rwlock::{ReadLock, ReadWriteLock, WriteLock};
 pub use crate::kinds::semaphore::{Semaphore, SemaphorePermits, PERMIT_RECHECK};
 #[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub use crate::metrics::MetricsHandler;
 
 // Every Rust block of the README compiles as a doctest.

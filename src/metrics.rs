@@ -35,6 +35,7 @@ use crate::events::{
 /// # Ok(()) }
 /// ```
 #[derive(Clone, Copy, Debug, Default)]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub struct MetricsHandler;
 
 impl HandleEvent for MetricsHandler {
