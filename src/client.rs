@@ -50,7 +50,12 @@ pub struct Client {
 }
 
 impl Client {
-    /// Connects with default settings; see [`ClientBuilder`].
+    /// Connects with default settings, and returns once a connection to
+    /// Redis works (or fails at once with why it does not): unlike
+    /// `redis::Client::open`, which connects nothing. A service that must
+    /// start while Redis is down uses
+    /// [`Client::builder(url).build_lazy()`](ClientBuilder::build_lazy)
+    /// instead. See [`ClientBuilder`] for the settings.
     ///
     /// # Errors
     ///
