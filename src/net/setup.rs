@@ -73,6 +73,13 @@ pub(crate) struct Settings {
 /// cannot be used.
 pub(crate) fn router(servers: &mut Servers, settings: &Settings) -> Result<(Arc<Router>, String)> {
     let bad_url = |e: redis::RedisError| {
+        if cfg!(not(feature = "tls")) && e.to_string().contains("TLS") {
+            return Error::InvalidUrl(
+                "a rediss:// url needs redlease's `tls` feature, which this build leaves out: \
+                 enable it (it is a default feature) or use redis://"
+                    .to_owned(),
+            );
+        }
         Error::InvalidUrl(format!(
             "{e}; use redis://[user[:password]@]host[:port][/db], rediss://... for TLS, \
              or redis+unix:///path"
@@ -269,6 +276,8 @@ mod tests {
         let d = |url: &str| describe(&url.into_connection_info().unwrap());
         assert_eq!(d("redis://:secret@h:1/0"), "h:1 with a password");
         assert_eq!(d("redis://u:secret@h/2"), "h:6379 as \"u\", db 2");
+        // redis-rs parses a rediss:// url only with its TLS feature.
+        #[cfg(feature = "tls")]
         assert_eq!(d("rediss://h:7/"), "rediss://h:7");
     }
 }
