@@ -210,27 +210,23 @@ fn processes(
     ids.sort_unstable();
     ids.dedup();
     let keys: Vec<String> = ids.iter().map(|id| scripts::process_key_name(id)).collect();
-    let read = |keys: &[String]| -> Result<Vec<HashMap<String, String>>> {
-        match keys.first() {
-            None => Ok(Vec::new()),
-            Some(first) => router.run(first, |c| {
-                let mut pipe = redis::pipe();
-                for key in keys {
-                    pipe.cmd("HGETALL").arg(key);
-                }
-                pipe.query(c)
-            }),
-        }
-    };
-    let records = if router.is_cluster() {
-        let mut all = Vec::with_capacity(keys.len());
-        for key in keys.chunks(1) {
-            all.extend(read(key)?);
-        }
-        all
+    // All in one pipeline on one server; each on its own node on a Cluster.
+    let per_call = if router.is_cluster() {
+        1
     } else {
-        read(&keys)?
+        keys.len().max(1)
     };
+    let mut records: Vec<HashMap<String, String>> = Vec::with_capacity(keys.len());
+    for chunk in keys.chunks(per_call) {
+        let replies: Vec<HashMap<String, String>> = router.run(&chunk[0], |c| {
+            let mut pipe = redis::pipe();
+            for key in chunk {
+                pipe.cmd("HGETALL").arg(key);
+            }
+            pipe.query(c)
+        })?;
+        records.extend(replies);
+    }
     Ok(ids
         .into_iter()
         .zip(records)

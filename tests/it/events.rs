@@ -28,6 +28,13 @@ impl Recorder {
         self.lines.lock().unwrap().clone()
     }
 
+    /// The lines of one kind of event (`failover`, `reconnect`, ...).
+    pub(crate) fn lines_of(&self, event: &str) -> Vec<String> {
+        let mut lines = self.lines();
+        lines.retain(|l| l.starts_with(event));
+        lines
+    }
+
     fn push(&self, line: String) {
         self.lines.lock().unwrap().push(line);
     }
@@ -179,17 +186,12 @@ fn a_subscriber_reconnect() {
     });
     assert_eq!(srv.client_kill_type("pubsub"), 1);
     wait_until("the reconnect event", WAIT, || {
-        events.lines().iter().any(|l| l.starts_with("reconnect"))
+        !events.lines_of("reconnect").is_empty()
     });
     drop(g);
     assert!(waiter.join().expect("waiter"));
-    let reconnects: Vec<String> = events
-        .lines()
-        .into_iter()
-        .filter(|l| l.starts_with("reconnect"))
-        .collect();
     assert_eq!(
-        reconnects,
+        events.lines_of("reconnect"),
         [format!("reconnect redis at 127.0.0.1:{}", srv.port())]
     );
 }

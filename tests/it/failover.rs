@@ -169,13 +169,8 @@ fn an_idle_client_s_first_call_of_every_kind_after_a_failover_succeeds() {
         "calls of an idle client after a failover failed: {failed:#?}"
     );
     // The failover it followed, as an event.
-    let followed: Vec<String> = events
-        .lines()
-        .into_iter()
-        .filter(|l| l.starts_with("failover"))
-        .collect();
     assert_eq!(
-        followed,
+        events.lines_of("failover"),
         [format!("failover to 127.0.0.1:{}", promoted.port())],
         "one failover event, naming the promoted replica"
     );

@@ -709,13 +709,8 @@ fn an_idle_client_s_first_call_of_every_kind_after_a_sentinel_failover_succeeds(
         failed.is_empty(),
         "calls of an idle client after a sentinel failover failed: {failed:#?}"
     );
-    let followed: Vec<String> = events
-        .lines()
-        .into_iter()
-        .filter(|l| l.starts_with("failover"))
-        .collect();
     assert_eq!(
-        followed,
+        events.lines_of("failover"),
         [format!("failover to 127.0.0.1:{new}")],
         "one failover event, naming the new master"
     );
