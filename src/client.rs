@@ -498,7 +498,7 @@ impl ClientBuilder {
     /// [`Error::ReplicaSync`]; an unconfirmed renewal counts as a failed
     /// renewal. `WAIT` is not consensus: a failover can still lose a lock
     /// whose replica acknowledged, or promote one that did not (see the
-    /// README). `min_replicas` 0 turns it off. Defaults to 1 replica within
+    /// `docs/guarantees.md`). `min_replicas` 0 turns it off. Defaults to 1 replica within
     /// 1 s whenever the master has replicas.
     pub fn sync_replicas(mut self, min_replicas: u32, timeout: Duration) -> Self {
         self.sync = SyncReplicas {

@@ -124,7 +124,7 @@ impl Error {
     /// `true` if Redis refused the credentials or a permission: a wrong
     /// password or unknown user (`WRONGPASS`), no authentication
     /// (`NOAUTH`), or an ACL that lacks a command, key or channel the lock
-    /// needs (`NOPERM`; see the README for the minimal ACL rule). Fix the
+    /// needs (`NOPERM`; see `docs/production.md` for the minimal ACL rule). Fix the
     /// credentials or the ACL: retrying will not help.
     ///
     /// ```
@@ -287,7 +287,7 @@ impl fmt::Display for Error {
             }
             Error::Redis(e) if is_auth_error(e) => f.write_str(
                 "the redis user lacks a permission the lock needs (the cause names the \
-                 command, key or channel): grant what the README's ACL rule lists",
+                 command, key or channel): grant what the minimal ACL rule in docs/production.md lists",
             ),
             Error::Redis(e) if e.is_timeout() => f.write_str(
                 "redis did not answer within the response timeout (the request may still \

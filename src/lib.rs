@@ -176,7 +176,25 @@ pub use crate::kinds::semaphore::{Semaphore, SemaphorePermits, PERMIT_RECHECK};
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub use crate::metrics::MetricsHandler;
 
-// Every Rust block of the README compiles as a doctest.
-#[cfg(doctest)]
-#[doc = include_str!("../README.md")]
-pub struct ReadmeDoctests;
+// Every Rust block of the README and of docs/ compiles as a doctest.
+macro_rules! doctests {
+    ($($name:ident = $file:literal;)+) => {
+        $(
+            #[cfg(doctest)]
+            #[doc = include_str!($file)]
+            pub struct $name;
+        )+
+    };
+}
+
+doctests! {
+    ReadmeDoctests = "../README.md";
+    ApiDoctests = "../docs/api.md";
+    KindsDoctests = "../docs/kinds.md";
+    ProductionDoctests = "../docs/production.md";
+    ObservabilityDoctests = "../docs/observability.md";
+    GuaranteesDoctests = "../docs/guarantees.md";
+    InternalsDoctests = "../docs/internals.md";
+    PerformanceDoctests = "../docs/performance.md";
+    ReliabilityDoctests = "../docs/reliability.md";
+}

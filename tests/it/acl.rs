@@ -1,4 +1,4 @@
-//! ACL users: the README's minimal rule end to end, wrong passwords and
+//! ACL users: the minimal rule of docs/production.md end to end, wrong passwords and
 //! missing permissions.
 
 use std::sync::mpsc;
@@ -12,8 +12,8 @@ use crate::support::{wait_until, RedisServer};
 
 // ---------------------------------------------------------------------------
 
-/// The README's minimal rule for a lock user whose locks are named
-/// `orders:*` (keep in sync with the README).
+/// The minimal rule of docs/production.md for a lock user whose locks are named
+/// `orders:*` (keep in sync with docs/production.md).
 pub(crate) const LOCKER_RULE: &str = "on >lockpw resetkeys ~orders:* ~redisson_lock__channel:* \
     ~redisson_unlock_latch:* ~redlease_acquire_cancel:* ~redlease_force_unlock_latch:* \
     ~redlease_client:* resetchannels &redisson_lock__channel:* -@all +eval +evalsha +exists +get +set +del \
@@ -196,7 +196,7 @@ fn missing_permissions_are_auth_errors() {
     );
 }
 
-/// The README's rule plus what it says reading holders needs: `holders()`
+/// docs/production.md's rule plus what it says reading holders needs: `holders()`
 /// with each holder's process, and `Client::inspect`.
 #[test]
 fn readme_acl_rule_with_inspection_lists_holders() {

@@ -458,7 +458,7 @@ fn classic_pubsub_on_a_cluster_for_redisson_in_classic_mode() {
     assert!(at.duration_since(released) < HANDOFF_BOUND);
 }
 
-/// The README's minimal ACL rule plus what a cluster needs (the slot map,
+/// The minimal ACL rule of docs/production.md plus what a cluster needs (the slot map,
 /// ASK redirections, sharded pub/sub), set on every node: locks, re-entry,
 /// the watchdog and a waiter woken through a sharded channel.
 #[test]

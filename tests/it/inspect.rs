@@ -447,7 +447,7 @@ fn a_hash_of_counts_is_not_a_lock() {
 }
 
 /// A user who may read its locks (HGETALL, MULTI, EXEC added to the
-/// README's rule) but not the process keys: the holders are listed, without
+/// minimal rule of docs/production.md) but not the process keys: the holders are listed, without
 /// their process.
 #[test]
 fn holders_without_access_to_process_keys() {
