@@ -92,8 +92,7 @@ fn an_acl_that_forbids_the_process_key_warns_once() {
     assert_eq!(noperm(), refused, "the key was not tried again");
     guard.ensure_held().expect("held all along");
     drop(guard);
-    let short: String = client.id().chars().filter(|c| *c != '-').take(16).collect();
-    let key = format!("redlease_client:{{{short}}}");
+    let key = redlease_testkit::process_key(client.id());
     assert_eq!(server.cmd(&["EXISTS", &key]), "0");
     let warned: Vec<String> = KEEPER
         .lines

@@ -759,13 +759,7 @@ fn holders_in_another_process_name_it() {
         "the permit's client"
     );
     assert_eq!(permits[0].process.as_ref(), Some(&process));
-    let short: String = process
-        .client_id
-        .chars()
-        .filter(|c| *c != '-')
-        .take(16)
-        .collect();
-    let key = format!("redlease_client:{{{short}}}");
+    let key = support::process_key(&process.client_id);
     assert_eq!(srv.cmd(&["EXISTS", &key]), "1");
     holder.child.kill().expect("SIGKILL the holder");
     holder.child.wait().expect("reap the holder");

@@ -411,11 +411,9 @@ impl Permit {
     }
 
     fn return_permit(&self) -> Result<()> {
-        let names = &self.sem.names;
-        let r = names.give_back(Held::Permit(&self.raw, &self.id));
-        let events = &names.shared().events;
-        events.released(names.kind, &names.name, self.acquired_at, r.is_ok());
-        r
+        self.sem
+            .names
+            .give_back(Held::Permit(&self.raw, &self.id), self.acquired_at)
     }
 }
 

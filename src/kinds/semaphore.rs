@@ -227,7 +227,15 @@ impl Names {
     /// its latch says an earlier copy returned it); [`Error::PermitLost`]
     /// if it was not (deleted, or an expirable permit whose lease ran out);
     /// on a passing failure the return is completed in the background, once.
-    pub(crate) fn give_back(&self, held: Held<'_>) -> Result<()> {
+    /// Tells the release's event for a guard acquired at `acquired_at`.
+    pub(crate) fn give_back(&self, held: Held<'_>, acquired_at: Option<Instant>) -> Result<()> {
+        let r = self.return_held(held);
+        let events = &self.shared().events;
+        events.released(self.kind, &self.name, acquired_at, r.is_ok());
+        r
+    }
+
+    fn return_held(&self, held: Held<'_>) -> Result<()> {
         let publish = self.router().publish_command();
         let latch_ms = self.shared().latch_ttl_ms;
         let (latch, what) = match held {
@@ -621,11 +629,9 @@ impl SemaphorePermits {
     }
 
     fn return_permits(&self) -> Result<()> {
-        let names = &self.sem.names;
-        let r = names.give_back(Held::Record(&self.field));
-        let events = &names.shared().events;
-        events.released(names.kind, &names.name, self.acquired_at, r.is_ok());
-        r
+        self.sem
+            .names
+            .give_back(Held::Record(&self.field), self.acquired_at)
     }
 }
 

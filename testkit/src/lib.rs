@@ -44,6 +44,13 @@ const START_ATTEMPTS: usize = 5;
 // Free functions
 // ---------------------------------------------------------------------------
 
+/// The key where the redlease client `client_id` (`Client::id`) publishes
+/// its process: `redlease_client:{<first 16 hex digits of the id>}`.
+pub fn process_key(client_id: &str) -> String {
+    let short: String = client_id.chars().filter(|c| *c != '-').take(16).collect();
+    format!("redlease_client:{{{short}}}")
+}
+
 /// A currently free TCP port on 127.0.0.1 (bind to port 0, read it, release
 /// it). Inherently racy: someone else may grab it before you bind it.
 pub fn free_port() -> u16 {

@@ -58,8 +58,7 @@ fn readme_acl_rule_runs_every_operation() {
         g.ensure_held().expect("renewed as the minimal user");
     }
     // The rule lets the client publish its process key.
-    let short: String = a.id().chars().filter(|c| *c != '-').take(16).collect();
-    let key = format!("redlease_client:{{{short}}}");
+    let key = crate::support::process_key(a.id());
     wait_until("the process key", Duration::from_secs(10), || {
         srv.cmd(&["EXISTS", &key]) == "1"
     });

@@ -29,8 +29,7 @@ fn host() -> String {
 
 /// The process key of `c` (its first 16 hex digits).
 fn process_key(c: &Client) -> String {
-    let short: String = c.id().chars().filter(|c| *c != '-').take(16).collect();
-    format!("redlease_client:{{{short}}}")
+    crate::support::process_key(c.id())
 }
 
 /// Waits until `c` has published its process key on `srv`.
@@ -482,8 +481,7 @@ fn the_process_key_comes_back_after_a_restart() {
             .lock_with_lease(Duration::from_secs(1))
             .expect("lock"),
     );
-    let short: String = c.id().chars().filter(|c| *c != '-').take(16).collect();
-    let key = format!("redlease_client:{{{short}}}");
+    let key = crate::support::process_key(c.id());
     crate::support::wait_until("published", Duration::from_secs(10), || {
         srv.cmd(&["EXISTS", &key]) == "1"
     });
@@ -507,8 +505,7 @@ fn a_slow_process_key_node_loses_a_lock_on_a_healthy_node() {
         .response_timeout(response)
         .build()
         .expect("client");
-    let short: String = c.id().chars().filter(|c| *c != '-').take(16).collect();
-    let key = format!("redlease_client:{{{short}}}");
+    let key = crate::support::process_key(c.id());
     let key_node = cluster.master_of_slot(cluster.slot_of(&key));
     // A lock on another master.
     let name = cluster
