@@ -5,7 +5,7 @@
 //! logger that counts the warnings.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -50,25 +50,38 @@ fn failed_settles_warn_once_per_cause() {
         .connection_timeout(Duration::from_millis(300))
         .build()
         .expect("client");
-    let guards: Vec<_> = (0..LOCKS)
+    // Twenty threads, each with a lock, release all at once after the kill,
+    // each release failing within its timeouts.
+    let held = Arc::new(Barrier::new(LOCKS + 1));
+    let killed = Arc::new(Barrier::new(LOCKS + 1));
+    let holders: Vec<_> = (0..LOCKS)
         .map(|i| {
-            client
-                .lock(format!("warn:{i}"))
-                .lock_with_lease(Duration::from_secs(60))
-                .expect("lock")
+            let (client, held, killed) = (client.clone(), held.clone(), killed.clone());
+            thread::spawn(move || {
+                let g = client
+                    .lock(format!("warn:{i}"))
+                    .lock_with_lease(Duration::from_secs(60))
+                    .expect("lock");
+                held.wait();
+                killed.wait();
+                g.unlock().is_err()
+            })
         })
         .collect();
+    held.wait();
     server.kill();
-    for g in guards {
-        assert!(g.unlock().is_err(), "redis is down");
+    killed.wait();
+    for h in holders {
+        assert!(h.join().expect("a holder"), "redis is down");
     }
     wait_until(
         "every release handed to settlement",
         Duration::from_secs(10),
         || client.stats().unsettled_requests == LOCKS as u64,
     );
-    // Several passes of the settling thread (its back-off grows to 1 s).
-    thread::sleep(Duration::from_secs(5));
+    // Six passes of the settling thread (its back-off doubles from 50 ms to
+    // at most 1 s: 0.05 + 0.1 + 0.2 + 0.4 + 0.8 + 1 s).
+    thread::sleep(Duration::from_secs(3));
     let warned = COUNTER.settle_warnings.load(Ordering::Relaxed);
     println!("{warned} warnings for {LOCKS} pending settles:");
     for l in COUNTER.lines.lock().unwrap().iter() {

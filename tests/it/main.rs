@@ -1,9 +1,11 @@
 //! The integration tests, one binary: each module is one suite, all against
 //! redis-server processes they start themselves (`redlease_testkit`).
 //!
-//! Tests that look at the whole process (its threads) or re-run the test
-//! binary as worker processes live in their own binaries next to this one
-//! (`watchdog`, `watchdog_shutdown`, `faults_lifecycle`, `multiprocess`).
+//! `multiprocess`, `watchdog` and `faults_lifecycle` re-run this binary as
+//! worker processes (each module's `worker` test, chosen by an environment
+//! variable), and count threads there. Tests that look at their own whole
+//! process (its threads, its logger) live in binaries of their own next to
+//! this one (`watchdog_shutdown`, `log_outage`, `settle_warnings`).
 
 use redlease_testkit as support;
 
@@ -17,6 +19,7 @@ mod failover;
 mod fair;
 mod faults_correctness;
 mod faults_cut;
+mod faults_lifecycle;
 mod faults_pubsub;
 mod faults_restart;
 mod faults_stall;
@@ -26,6 +29,7 @@ mod latch;
 mod lock;
 mod lockable;
 mod max_hold;
+mod multiprocess;
 mod owned;
 mod redisson_interop;
 mod redlock;
@@ -38,6 +42,7 @@ mod sentinel;
 mod support_selftest;
 #[cfg(feature = "tls")]
 mod tls;
+mod watchdog;
 
 /// An error and its chain of causes, for messages and assertions.
 pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {

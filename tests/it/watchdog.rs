@@ -5,9 +5,7 @@
 //! no extra threads.
 //!
 //! Figures are printed with a `FIGURE:` prefix (see them with
-//! `cargo test --test watchdog -- --nocapture`).
-
-use redlease_testkit as support;
+//! `cargo test --test it -- watchdog:: --nocapture`).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
@@ -17,8 +15,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::support::{wait_until, RedisServer};
 use redlease::{Client, LockGuard, MIN_RENEW_INTERVAL};
-use support::{wait_until, RedisServer};
 
 /// Generous bound for things that should happen at once.
 const WAIT: Duration = Duration::from_secs(10);
@@ -305,15 +303,16 @@ fn deleted_lock_is_reported_lost_once() {
 #[test]
 fn late_renewal_never_marks_a_new_acquisition_lost() {
     // Per thread; at 40..70 ms a cycle, every phase of the 50 ms renewal is
-    // hit many times.
-    const CYCLES: u64 = 120;
+    // hit many times (240 cycles in all, on four threads).
+    const THREADS: u64 = 4;
+    const CYCLES: u64 = 60;
     let srv = RedisServer::start();
     let client = client(&srv, Duration::from_secs(1));
-    // Two threads, each cycling its own lock; holds of 40..70 ms put the
+    // Four threads, each cycling its own lock; holds of 40..70 ms put the
     // releases around the first renewal (due 50 ms after the acquisition), at
     // many phases of it, including with a renewal in flight.
     thread::scope(|s| {
-        for t in 0..2 {
+        for t in 0..THREADS {
             let client = &client;
             s.spawn(move || {
                 let lock = client
@@ -343,7 +342,7 @@ fn late_renewal_never_marks_a_new_acquisition_lost() {
     let stats = client.stats();
     println!(
         "FIGURE: {} release/re-acquire cycles at a 50 ms renew interval: {} renewals, {} lost",
-        2 * CYCLES,
+        THREADS * CYCLES,
         stats.renewals,
         stats.locks_lost
     );
@@ -591,7 +590,13 @@ impl Worker {
     fn start(job: &str, url: &str) -> Worker {
         let exe = std::env::current_exe().expect("current_exe");
         let mut child = Command::new(exe)
-            .args(["--exact", "worker", "--nocapture", "--test-threads", "1"])
+            .args([
+                "--exact",
+                "watchdog::worker",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
             .env(WORKER_JOB, job)
             .env(WORKER_URL, url)
             .stdin(Stdio::piped())
@@ -629,7 +634,8 @@ impl Worker {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
-                // libtest prints "test worker ... " without a newline first.
+                // libtest prints "test watchdog::worker ... " without a newline
+                // first.
                 Ok(line) if line.ends_with(want) => return,
                 Ok(line) => self.seen.push(line),
                 Err(RecvTimeoutError::Timeout) => {

@@ -3,8 +3,6 @@
 //! update, and a holder process killed with SIGKILL is waited out by its lease
 //! (explicit or watchdog) within the lease + 2 s.
 
-use redlease_testkit as support;
-
 use std::env;
 use std::fs::{self, File};
 use std::io::Write;
@@ -15,8 +13,8 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::support::{self, wait_until, RedisServer};
 use redlease::Client;
-use support::{wait_until, RedisServer};
 
 /// Selects the worker's job; absent in a normal test run.
 const ROLE: &str = "REDLEASE_MP_ROLE";
@@ -336,7 +334,13 @@ impl Worker {
         ));
         let file = File::create(&out).expect("worker log file");
         let child = Command::new(env::current_exe().expect("current_exe"))
-            .args(["--exact", "worker", "--nocapture", "--test-threads", "1"])
+            .args([
+                "--exact",
+                "multiprocess::worker",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
             .env(ROLE, role)
             .env(URL, url)
             .envs(vars.iter().map(|(k, v)| (k, v)))

@@ -7,9 +7,6 @@
 //! by the `REDLEASE_FAULTS_WORKER` environment variable). Figures are printed
 //! as `FIGURE:` lines (run with `--nocapture` to see them).
 
-mod faults_common;
-use redlease_testkit as support;
-
 use std::io::{BufRead, BufReader, Write};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::process::{Child, Command, Stdio};
@@ -17,9 +14,9 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use faults_common::{figure, is_script_call, numsub, server_count, Monitor};
+use crate::faults_common::{figure, is_script_call, numsub, server_count, Monitor};
+use crate::support::{wait_until, RedisServer};
 use redlease::Client;
-use support::{wait_until, RedisServer};
 
 const WORKER_ENV: &str = "REDLEASE_FAULTS_WORKER";
 
@@ -37,7 +34,13 @@ fn unix_ms() -> u128 {
 /// Starts this test binary as a worker doing `task` (`role|url|args...`).
 fn spawn_worker(task: &str) -> Child {
     Command::new(std::env::current_exe().expect("current_exe"))
-        .args(["--exact", "worker", "--nocapture", "--test-threads", "1"])
+        .args([
+            "--exact",
+            "faults_lifecycle::worker",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
         .env(WORKER_ENV, task)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -53,10 +56,10 @@ fn forward_lines(who: usize, child: &mut Child, tx: mpsc::Sender<(usize, String)
     thread::spawn(move || {
         for line in BufReader::new(out).lines() {
             let Ok(line) = line else { break };
-            // libtest prints "test worker ... " without a newline before the
-            // worker's own first line.
+            // libtest prints "test faults_lifecycle::worker ... " without a
+            // newline before the worker's own first line.
             let line = line
-                .strip_prefix("test worker ... ")
+                .strip_prefix("test faults_lifecycle::worker ... ")
                 .map_or(line.clone(), str::to_owned);
             if line.starts_with("HELD") || line.starts_with("ACQUIRED") || line.starts_with("OK") {
                 if tx.send((who, line)).is_err() {
