@@ -312,31 +312,64 @@ fn list_skips_binary_keys_and_values() {
 /// not end it; it says so and shows the locks again once Redis is back.
 #[test]
 fn watch_keeps_going_while_redis_is_away() {
+    use std::io::{BufRead, BufReader};
+    use std::sync::mpsc;
     let srv = RedisServer::start();
     let url = srv.url();
     srv.cmd(&["HSET", "w:1", "8d1f3b9e-1c2d-4e5f-8a9b-0c1d2e3f4a5b:1", "1"]);
-    let child = Command::new(BIN)
+    let mut child = Command::new(BIN)
         .args(["--url", &url, "--timeout", "0.5", "--json", "watch", "w:*"])
-        .args(["--interval", "0.2", "--count", "25"])
+        .args(["--interval", "0.2"])
         .env_remove("REDIS_URL")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
-    std::thread::sleep(Duration::from_millis(800));
+    // Its lines as they come: ("out" | "err", line).
+    let (tx, rx) = mpsc::channel();
+    let out = BufReader::new(child.stdout.take().expect("stdout"));
+    let err = BufReader::new(child.stderr.take().expect("stderr"));
+    for (which, lines) in [
+        (
+            "out",
+            Box::new(out.lines()) as Box<dyn Iterator<Item = _> + Send>,
+        ),
+        ("err", Box::new(err.lines())),
+    ] {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                let _ = tx.send((which, line));
+            }
+        });
+    }
+    let mut seen = Vec::new();
+    let mut wait_for = |what: &str, which: &str, text: &str| loop {
+        match rx.recv_timeout(Duration::from_secs(10)) {
+            Ok((w, line)) => {
+                let found = w == which && line.contains(text);
+                seen.push(format!("{w}: {line}"));
+                if found {
+                    return;
+                }
+            }
+            Err(e) => panic!("{e} waiting for {what}; so far: {seen:#?}"),
+        }
+    };
+    wait_for("a first refresh", "out", ":1\"");
     srv.stop();
-    std::thread::sleep(Duration::from_millis(1200));
+    wait_for("the outage to be told", "err", "not answering");
+    wait_for("a second outage refresh", "err", "not answering");
     srv.restart();
     srv.cmd(&["HSET", "w:1", "8d1f3b9e-1c2d-4e5f-8a9b-0c1d2e3f4a5b:2", "1"]);
-    let o = child.wait_with_output().expect("wait");
-    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
-    let text = stdout(&o);
+    wait_for("a refresh after the restart", "out", ":2\"");
     assert!(
-        text.lines().last().is_some_and(|l| l.contains(":2\"")),
-        "shown again after the restart: {}",
-        show(&o)
+        child.try_wait().expect("try_wait").is_none(),
+        "watch still running"
     );
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 /// `redlease watch | head -1`: once the reader is gone, watch must end

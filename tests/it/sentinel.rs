@@ -620,7 +620,7 @@ fn a_fair_waiter_keeps_its_place_through_a_timed_out_try() {
 }
 
 /// An idle client (it used every kind before, then made no call during the
-/// failover) calls every kind once, 5 s after a SIGKILL failover of the
+/// failover) calls every kind once, 2 s after a SIGKILL failover of the
 /// master: every call succeeds.
 #[test]
 fn an_idle_client_s_first_call_of_every_kind_after_a_sentinel_failover_succeeds() {
@@ -669,7 +669,8 @@ fn an_idle_client_s_first_call_of_every_kind_after_a_sentinel_failover_succeeds(
     wait_until("the count-down on the new master", WAIT_LONG, || {
         after.count_down_latch("idle:latch").count_down().is_ok()
     });
-    thread::sleep(Duration::from_secs(5));
+    // Idle for a while after the failover.
+    thread::sleep(Duration::from_secs(2));
     eprintln!("promoted port {new}; the idle client calls now");
 
     let mut failed = Vec::new();
