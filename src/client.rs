@@ -77,8 +77,9 @@ impl Client {
     /// Starts configuring a client for the master of a Sentinel group:
     /// `sentinels` are the sentinels' addresses (urls or
     /// [`redis::ConnectionInfo`]s, each with its own credentials;
-    /// `rediss://` sentinels mean TLS to the data nodes too), `master_name`
-    /// the name they monitor. Credentials for the data nodes are set with
+    /// `rediss://` sentinels mean TLS to the data nodes too; at least one,
+    /// three or more in production), `master_name` the name they monitor
+    /// (not empty). Credentials for the data nodes are set with
     /// [`ClientBuilder::master_auth`].
     ///
     /// The client finds the master through any reachable sentinel, checks
@@ -118,8 +119,9 @@ impl Client {
     /// Starts configuring a client for a Redis Cluster: `seeds` are some of
     /// its nodes (urls or [`redis::ConnectionInfo`]s; the first one's
     /// credentials and TLS apply to every node; `rediss://` means TLS to all
-    /// nodes). Every [`ClientBuilder`] setting applies, per node where it
-    /// concerns connections (pool size, timeouts, replica sync).
+    /// nodes; at least one, several in case one is down; database 0 only).
+    /// Every [`ClientBuilder`] setting applies, per node where it concerns
+    /// connections (pool size, timeouts, replica sync).
     ///
     /// The client reads the slot map from any seed that answers, sends each
     /// lock operation to the master of its lock's slot (a lock's keys and
@@ -498,8 +500,11 @@ impl ClientBuilder {
     /// [`Error::ReplicaSync`]; an unconfirmed renewal counts as a failed
     /// renewal. `WAIT` is not consensus: a failover can still lose a lock
     /// whose replica acknowledged, or promote one that did not (see the
-    /// `docs/guarantees.md`). `min_replicas` 0 turns it off. Defaults to 1 replica within
-    /// 1 s whenever the master has replicas.
+    /// `docs/guarantees.md`). `min_replicas` 0 turns it off; otherwise
+    /// `timeout` must be 1 ms to 24 h (a `WAIT` without a timeout would
+    /// block forever), or [`build`](Self::build) fails with
+    /// [`Error::InvalidArgument`]. Defaults to 1 replica within 1 s whenever
+    /// the master has replicas.
     pub fn sync_replicas(mut self, min_replicas: u32, timeout: Duration) -> Self {
         self.sync = SyncReplicas {
             min: min_replicas,
@@ -699,11 +704,11 @@ impl ClientBuilder {
     /// [`Error::InvalidUrl`] or [`Error::InvalidArgument`] for bad settings.
     pub fn build_lazy(mut self) -> Result<Client> {
         if self.pool_size == 0 {
-            return Err(Error::invalid("pool_size is 0: use at least 1"));
+            return Err(Error::invalid("pool_size must be at least 1, got 0"));
         }
         if let Some(n) = self.min_idle.filter(|&n| n > self.pool_size) {
             return Err(Error::invalid(format!(
-                "min_idle {n} is more than pool_size {}: use at most pool_size",
+                "min_idle must be at most pool_size ({}), got {n}",
                 self.pool_size
             )));
         }
@@ -713,7 +718,7 @@ impl ClientBuilder {
         ] {
             if d.is_some_and(|d| d.is_zero()) {
                 return Err(Error::invalid(format!(
-                    "{what} is zero: use a positive duration, or None for no limit"
+                    "{what} must be positive (or None for no limit), got 0ns"
                 )));
             }
         }
@@ -722,26 +727,24 @@ impl ClientBuilder {
             ("response_timeout", self.response_timeout),
         ] {
             if d.is_zero() {
-                return Err(Error::invalid(format!(
-                    "{what} is zero: use a positive duration"
-                )));
+                return Err(Error::invalid(format!("{what} must be positive, got 0ns")));
             }
             if d > MAX_TIMEOUT {
                 return Err(Error::invalid(format!(
-                    "{what} of {d:?} is too long: use at most {MAX_TIMEOUT:?}"
+                    "{what} must be at most {MAX_TIMEOUT:?}, got {d:?}"
                 )));
             }
         }
         if self.retry_attempts > MAX_RETRY_ATTEMPTS {
             return Err(Error::invalid(format!(
-                "retry_attempts {} is too many: use at most {MAX_RETRY_ATTEMPTS}",
+                "retry_attempts must be at most {MAX_RETRY_ATTEMPTS}, got {}",
                 self.retry_attempts
             )));
         }
         if self.sync.min > 0 && (self.sync.timeout.is_zero() || self.sync.timeout > MAX_TIMEOUT) {
             return Err(Error::invalid(format!(
-                "sync_replicas timeout {:?} is out of range: use 1 ms to {MAX_TIMEOUT:?} (a \
-                 WAIT with no timeout would block forever), or 0 replicas to turn it off",
+                "sync_replicas timeout must be between 1ms and {MAX_TIMEOUT:?} (or 0 replicas \
+                 to turn it off), got {:?}",
                 self.sync.timeout
             )));
         }
@@ -749,9 +752,9 @@ impl ClientBuilder {
         check_max_hold(self.max_hold)?;
         if self.watchdog_timeout <= MIN_RENEW_INTERVAL * 2 {
             return Err(Error::invalid(format!(
-                "watchdog_timeout {:?} is too short to renew: use more than {:?}",
-                self.watchdog_timeout,
-                MIN_RENEW_INTERVAL * 2
+                "watchdog_timeout must be more than {:?} (twice MIN_RENEW_INTERVAL), got {:?}",
+                MIN_RENEW_INTERVAL * 2,
+                self.watchdog_timeout
             )));
         }
         let settings = Settings {

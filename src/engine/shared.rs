@@ -180,17 +180,14 @@ impl Shared {
 /// does: not empty, and on a cluster, its keys and channel in one slot.
 pub(crate) fn check_name(what: &str, name: &str, router: &Router) -> Result<()> {
     if name.is_empty() {
-        return Err(Error::invalid(format!(
-            "the {what} name is empty: give the {what} a non-empty name"
-        )));
+        return Err(Error::invalid(format!("{what} name must not be empty")));
     }
     if router.is_cluster() && !scripts::same_slot(name) {
         // Redisson's layout puts such a name's channel in another slot:
         // every script would fail with CROSSSLOT.
         return Err(Error::invalid(format!(
-            "{what} name {name:?} would put its keys in different slots of a Redis Cluster (a \
-             '{{' without a complete, non-empty hash tag, or a '}}' without a '{{'): close \
-             the tag (e.g. \"a{{b}}\") or leave braces out"
+            "{what} name {name:?} would span cluster slots: complete its hash tag (e.g. \
+             \"a{{b}}\") or leave braces out"
         )));
     }
     Ok(())
@@ -204,7 +201,7 @@ pub(crate) const MAX_COUNT: u64 = 1 << 53;
 pub(crate) fn check_count(what: &str, n: u64) -> Result<()> {
     if n > MAX_COUNT {
         return Err(Error::invalid(format!(
-            "{what} of {n} is too large: use at most 2^53 (Lua counts exactly up to there)"
+            "{what} must be at most 2^53, got {n}"
         )));
     }
     Ok(())
@@ -215,8 +212,7 @@ pub(crate) fn check_count(what: &str, n: u64) -> Result<()> {
 pub(crate) fn check_max_hold(max_hold: Option<Duration>) -> Result<()> {
     match max_hold {
         Some(d) if d < Duration::from_millis(1) || d > MAX_LEASE => Err(Error::invalid(format!(
-            "max_hold of {d:?} is out of range: use 1 ms to {MAX_LEASE:?}, or no max_hold \
-             (the default) to let the watchdog renew a lock for as long as it is held"
+            "max_hold must be between 1ms and MAX_LEASE (2^53 ms), got {d:?}"
         ))),
         _ => Ok(()),
     }
@@ -226,12 +222,12 @@ pub(crate) fn check_max_hold(max_hold: Option<Duration>) -> Result<()> {
 pub(crate) fn check_lease(what: &str, d: Duration) -> Result<()> {
     if d < Duration::from_millis(1) {
         return Err(Error::invalid(format!(
-            "{what} is {d:?}: use at least 1 ms (Redis leases are whole milliseconds)"
+            "{what} must be at least 1ms, got {d:?}"
         )));
     }
     if d > MAX_LEASE {
         return Err(Error::invalid(format!(
-            "{what} of {d:?} is too long: use at most {MAX_LEASE:?}"
+            "{what} must be at most MAX_LEASE (2^53 ms), got {d:?}"
         )));
     }
     Ok(())

@@ -269,11 +269,11 @@ impl fmt::Debug for ExpirableSemaphore {
 }
 
 fn check_permit_lease(lease: Duration) -> Result<()> {
-    check_lease("the permit lease", lease)?;
+    check_lease("permit lease", lease)?;
     if lease > ExpirableSemaphore::MAX_LEASE {
         return Err(Error::invalid(format!(
-            "the permit lease of {lease:?} is too long: use at most 100 years \
-             (ExpirableSemaphore::MAX_LEASE)"
+            "permit lease must be at most ExpirableSemaphore::MAX_LEASE (100 years), got \
+             {lease:?}"
         )));
     }
     Ok(())
@@ -282,7 +282,7 @@ fn check_permit_lease(lease: Duration) -> Result<()> {
 fn parse_id(id: &str) -> Result<[u8; 16]> {
     let bad = || {
         Error::invalid(format!(
-            "permit id {id:?} is not 32 hex digits: pass the id Permit::id gave"
+            "permit id must be 32 hex digits (as Permit::id gives), got {id:?}"
         ))
     };
     if id.len() != 32 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {

@@ -63,18 +63,14 @@ impl CountDownLatch {
 
     fn check_name(&self) -> Result<()> {
         if self.name.is_empty() {
-            return Err(Error::invalid(
-                "the latch name is empty: give the latch a non-empty name",
-            ));
+            return Err(Error::invalid("latch name must not be empty"));
         }
         if self.router().is_cluster()
             && crate::net::cluster::slot(self.name.as_bytes())
                 != crate::net::cluster::slot(self.channel.as_bytes())
         {
             return Err(Error::invalid(format!(
-                "latch name {:?} puts its key and channel in different slots of a Redis \
-                 Cluster (Redisson's channel is redisson_countdownlatch__channel__{{<name>}}): \
-                 use a name without braces",
+                "latch name {:?} would span cluster slots: leave braces out",
                 self.name
             )));
         }
@@ -101,11 +97,9 @@ impl CountDownLatch {
     /// there); a Redis or pool error.
     pub fn try_set_count(&self, count: u64) -> Result<bool> {
         if count == 0 {
-            return Err(Error::invalid(
-                "a count-down latch needs a count of at least 1 (at zero it is open already)",
-            ));
+            return Err(Error::invalid("latch count must be at least 1, got 0"));
         }
-        check_count("a latch count", count)?;
+        check_count("latch count", count)?;
         Ok(self.run(LatchOp::Set(count))? == 1)
     }
 
@@ -128,8 +122,10 @@ impl CountDownLatch {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for an empty name (or, on a Redis Cluster,
-    /// one whose key and channel would be in different slots); a Redis or
-    /// pool error.
+    /// one whose key and channel would be in different slots: Redisson's
+    /// channel is `redisson_countdownlatch__channel__{<name>}`, so a name
+    /// with braces of its own cannot share a slot with it); a Redis or pool
+    /// error.
     pub fn count(&self) -> Result<u64> {
         self.check_name()?;
         let n: Option<i64> = self

@@ -175,7 +175,9 @@ impl Lock {
     /// Renews this lock's lease every `interval` instead of every third of
     /// the lease (the watchdog's default). Only affects acquisitions without
     /// an explicit lease. Checked when the lock is acquired: the interval must
-    /// be at least [`MIN_RENEW_INTERVAL`] and below the lease.
+    /// be at least [`MIN_RENEW_INTERVAL`] and below the lease (the client's
+    /// [`watchdog_timeout`](crate::ClientBuilder::watchdog_timeout)); well
+    /// below it, such as a third, leaves time for a renewal to be retried.
     ///
     /// ```no_run
     /// # fn main() -> redlease::Result<()> {
@@ -527,9 +529,8 @@ impl Lock {
     fn check_no_upgrade(&self) -> Result<()> {
         if !self.held_as(Kind::Write) && self.held_as(Kind::Read) {
             return Err(Error::invalid(format!(
-                "this thread holds the read lock of {:?}: taking the write lock would wait for \
-                 itself forever (there is no upgrade); release the read lock first, or use \
-                 try_lock_for to give up at a deadline",
+                "write lock of {:?} requested while this thread holds its read lock (no \
+                 upgrade): release the read lock first",
                 self.name
             )));
         }
@@ -557,14 +558,14 @@ impl Lock {
             Some(i) => {
                 if i < MIN_RENEW_INTERVAL {
                     return Err(Error::invalid(format!(
-                        "renew interval {i:?} is below the minimum of {MIN_RENEW_INTERVAL:?}: \
-                         renew less often"
+                        "renew interval must be at least {MIN_RENEW_INTERVAL:?} \
+                         (MIN_RENEW_INTERVAL), got {i:?}"
                     )));
                 }
                 if i >= lease {
                     return Err(Error::invalid(format!(
-                        "renew interval {i:?} is not below the lease ({lease:?}, the client's \
-                         watchdog_timeout): use an interval well below the lease, e.g. a third"
+                        "renew interval must be below the lease (watchdog_timeout, {lease:?}), \
+                         got {i:?}"
                     )));
                 }
                 i
@@ -587,8 +588,7 @@ impl Lock {
         check_max_hold(self.max_hold)?;
         if let Some(cap) = self.max_hold.filter(|&cap| lease > cap) {
             return Err(Error::invalid(format!(
-                "lease {lease:?} is longer than the lock's max_hold ({cap:?}): use a lease of \
-                 at most the cap, or a longer max_hold"
+                "lease must be at most the lock's max_hold ({cap:?}), got {lease:?}"
             )));
         }
         Ok(Terms {

@@ -306,17 +306,18 @@ impl RedLock {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for an empty list, or for two members on
-    /// the same client (a majority of one server is no majority).
+    /// the same client or server (a majority of one server is no majority):
+    /// pass one lock per independent master, three or more, each on its own
+    /// client.
     pub fn new(members: Vec<Lock>) -> Result<RedLock> {
         if members.is_empty() {
             return Err(Error::invalid(
-                "a RedLock needs member locks: pass one lock per master (three or more)",
+                "redlock needs at least one member lock, got none",
             ));
         }
         if let Some((a, b)) = same_server(&members, false) {
             return Err(Error::invalid(format!(
-                "two members of a RedLock ({:?} and {:?}) share a client or a server ({}): \
-                 give each member its own client, one per independent master",
+                "redlock members {:?} and {:?} share a server ({})",
                 a.name(),
                 b.name(),
                 a.shared().server
@@ -347,17 +348,18 @@ impl MultiLock {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for an empty list.
+    /// [`Error::InvalidArgument`] for an empty list, or for a lock listed
+    /// twice, through one client or two of the same server (it could never
+    /// be held twice).
     pub fn new(members: Vec<Lock>) -> Result<MultiLock> {
         if members.is_empty() {
             return Err(Error::invalid(
-                "a MultiLock needs member locks: pass the locks to take together",
+                "multilock needs at least one member lock, got none",
             ));
         }
         if let Some((a, _)) = same_server(&members, true) {
             return Err(Error::invalid(format!(
-                "the MultiLock lists lock {:?} on {} twice: list each lock once (two clients \
-                 of one server could never both hold it)",
+                "multilock lists lock {:?} on {} twice",
                 a.name(),
                 a.shared().server
             )));

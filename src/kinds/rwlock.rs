@@ -229,7 +229,9 @@ impl WriteLock {
     ///
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if this
     /// thread holds the read lock but not the write lock (an upgrade would
-    /// wait for itself forever); otherwise as for [`Lock::lock`].
+    /// wait for itself forever): release the read lock first, or use
+    /// [`try_lock_for`](Self::try_lock_for) to give up at a deadline;
+    /// otherwise as for [`Lock::lock`].
     pub fn lock(&self) -> Result<LockGuard> {
         self.lock.lock()
     }

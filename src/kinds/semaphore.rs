@@ -116,7 +116,7 @@ impl Names {
     }
 
     pub(crate) fn add_permits(&self, delta: i64) -> Result<i64> {
-        check_count("the change of permits", delta.unsigned_abs())?;
+        check_count("permit change", delta.unsigned_abs())?;
         self.permits(PermitsOp::Add(delta))
     }
 
@@ -270,9 +270,7 @@ impl Names {
 
 fn check_wanted(n: u64) -> Result<()> {
     if n == 0 {
-        return Err(Error::invalid(
-            "0 permits asked for: acquire or release at least 1",
-        ));
+        return Err(Error::invalid("permits must be at least 1, got 0"));
     }
     check_count("permits", n)
 }

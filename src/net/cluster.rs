@@ -371,7 +371,7 @@ impl Cluster {
                     Err(Error::Redis(RedisError::from((
                         redis::ErrorKind::Io,
                         "the cluster's slot map could not be read",
-                        "see the warnings logged; check the seed addresses".to_owned(),
+                        "see the warnings logged".to_owned(),
                     ))))
                 } else {
                     Ok(())
@@ -467,7 +467,7 @@ impl Cluster {
         Err(Error::Redis(RedisError::from((
             redis::ErrorKind::Io,
             "no cluster node answered CLUSTER SLOTS",
-            format!("{}; check the seed addresses", failures.join("; ")),
+            failures.join("; "),
         ))))
     }
 

@@ -321,22 +321,47 @@ impl Redis {
         if self.fail_fast && timeout > FAST_CHECKOUT {
             match self.pool().get_timeout(FAST_CHECKOUT) {
                 Ok(conn) => return Ok(conn),
-                Err(e) if self.unreachable() => {
-                    return Err(Error::Pool(format!(
-                        "{} is unreachable: its last connection or request failed, and no \
-                         connection came within {FAST_CHECKOUT:?} ({e})",
-                        self.manager.target.describe()
-                    )))
-                }
+                Err(e) if self.unreachable() => return Err(self.no_connection(&e)),
                 Err(_) => {
                     return self
                         .pool()
                         .get_timeout(timeout - FAST_CHECKOUT)
-                        .map_err(Error::pool)
+                        .map_err(|e| self.no_connection(&e))
                 }
             }
         }
-        self.pool().get_timeout(timeout).map_err(Error::pool)
+        self.pool()
+            .get_timeout(timeout)
+            .map_err(|e| self.no_connection(&e))
+    }
+
+    /// The [`Error::Pool`] of a checkout that failed with `e`: where to, and
+    /// why when known (the last connection error, or a pool all in use).
+    fn no_connection(&self, e: &r2d2::Error) -> Error {
+        let mut msg = self.manager.target.describe();
+        if self.unreachable() {
+            msg.push_str(" (unreachable)");
+        }
+        // r2d2 says "timed out waiting for connection[: <last error>]";
+        // Error::Pool's Display says the first part.
+        let text = e.to_string();
+        match text.strip_prefix("timed out waiting for connection") {
+            Some("") => {
+                let state = self.pool().state();
+                if state.idle_connections == 0 && state.connections >= self.pool().max_size() {
+                    msg.push_str(&format!(
+                        ": all {} pooled connections in use",
+                        state.connections
+                    ));
+                }
+            }
+            Some(cause) => msg.push_str(cause),
+            None => {
+                msg.push_str(": ");
+                msg.push_str(&text);
+            }
+        }
+        Error::Pool(msg)
     }
 
     /// Fails at once while the server is known unreachable (see the field).
@@ -509,12 +534,14 @@ impl Redis {
             // round finds the connection made meanwhile.
             Stage::Short => match self.pool().get_timeout(FAST_CHECKOUT) {
                 Ok(c) => c,
-                Err(e) if self.fail_fast || self.unreachable() => return Err(Error::pool(e)),
+                Err(e) if self.fail_fast || self.unreachable() => {
+                    return Err(self.no_connection(&e))
+                }
                 Err(_) => return Ok(None),
             },
             Stage::Rest if self.unreachable() => {
                 return Err(Error::Pool(format!(
-                    "{} is unreachable (its last connection attempt failed)",
+                    "{} (unreachable)",
                     self.manager.target.describe()
                 )))
             }
@@ -632,7 +659,10 @@ impl Redis {
             .manager
             .target
             .connect_budget(self.settings.connection_timeout);
-        let conn = self.pool().get_timeout(budget).map_err(Error::pool)?;
+        let conn = self
+            .pool()
+            .get_timeout(budget)
+            .map_err(|e| self.no_connection(&e))?;
         match &conn.link {
             Ok(_) => {}
             Err(r) => return Err(Error::Redis(r.error.clone())),

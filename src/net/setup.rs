@@ -75,14 +75,15 @@ pub(crate) fn router(servers: &mut Servers, settings: &Settings) -> Result<(Arc<
     let bad_url = |e: redis::RedisError| {
         if cfg!(not(feature = "tls")) && e.to_string().contains("TLS") {
             return Error::InvalidUrl(
-                "a rediss:// url needs redlease's `tls` feature, which this build leaves out: \
-                 enable it (it is a default feature) or use redis://"
-                    .to_owned(),
+                "rediss:// needs the `tls` feature, which this build leaves out".to_owned(),
             );
         }
+        // redis-rs says "<what> - <kind>[: <detail>]": the kind tells a
+        // reader nothing more.
+        let what = e.to_string().replace(&format!(" - {:?}", e.kind()), "");
         Error::InvalidUrl(format!(
-            "{e}; use redis://[user[:password]@]host[:port][/db], rediss://... for TLS, \
-             or redis+unix:///path"
+            "{what} (expected redis://[user[:password]@]host[:port][/db], rediss://... or \
+             redis+unix:///path)"
         ))
     };
     let pool = settings.pool.clone();
@@ -93,8 +94,7 @@ pub(crate) fn router(servers: &mut Servers, settings: &Settings) -> Result<(Arc<
     if let Some(c) = servers.cluster.take() {
         if c.seeds.is_empty() {
             return Err(Error::invalid(
-                "no cluster node given: pass the addresses of at least one node (several, \
-                 in case one is down)",
+                "cluster_builder needs at least one seed node address, got none",
             ));
         }
         let mut seeds = Vec::with_capacity(c.seeds.len());
@@ -104,7 +104,7 @@ pub(crate) fn router(servers: &mut Servers, settings: &Settings) -> Result<(Arc<
             let at = describe(&info);
             if info.redis_settings().db() != 0 {
                 return Err(Error::InvalidUrl(format!(
-                    "{at}: Redis Cluster has database 0 only: drop the database from the url"
+                    "{at}: a cluster has database 0 only"
                 )));
             }
             let endpoint = Endpoint::new(&info, &settings.tls)
@@ -153,14 +153,11 @@ pub(crate) fn router(servers: &mut Servers, settings: &Settings) -> Result<(Arc<
         Some(s) => {
             if s.sentinels.is_empty() {
                 return Err(Error::invalid(
-                    "no sentinel address given: pass at least one (three or more in \
-                     production)",
+                    "sentinel_builder needs at least one sentinel address, got none",
                 ));
             }
             if s.master_name.is_empty() {
-                return Err(Error::invalid(
-                    "the master name is empty: give the name the sentinels monitor",
-                ));
+                return Err(Error::invalid("sentinel master name must not be empty"));
             }
             let mut sentinels = Vec::with_capacity(s.sentinels.len());
             let mut template = None;

@@ -165,11 +165,7 @@ impl Sentinel {
         Err(RedisError::from((
             ErrorKind::Io,
             "no master found through the sentinels",
-            format!(
-                "{:?}: {}; check the sentinel addresses and the master name",
-                self.name,
-                failures.join("; ")
-            ),
+            format!("{:?}: {}", self.name, failures.join("; ")),
         )))
     }
 

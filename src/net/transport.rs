@@ -91,10 +91,9 @@ impl Endpoint {
             redis::ConnectionAddr::Tcp(host, port) => {
                 #[cfg(feature = "tls")]
                 if tls.is_set() {
-                    return Err(format!(
-                        "TLS certificates are set but redis://{host}:{port} is a plain \
-                         address: use rediss:// to connect with TLS"
-                    ));
+                    return Err(
+                        "a plain address with TLS certificates set: use rediss://".to_owned()
+                    );
                 }
                 Addr::Tcp(host.clone(), *port)
             }
@@ -102,11 +101,10 @@ impl Endpoint {
             redis::ConnectionAddr::Unix(path) => {
                 #[cfg(feature = "tls")]
                 if tls.is_set() {
-                    return Err(format!(
-                        "TLS certificates are set but {} is a Unix socket: drop them or use \
-                         a rediss:// address",
-                        path.display()
-                    ));
+                    return Err(
+                        "a unix socket with TLS certificates set: drop them or use rediss://"
+                            .to_owned(),
+                    );
                 }
                 Addr::Unix(path.clone())
             }
@@ -122,8 +120,7 @@ impl Endpoint {
             }
             other => {
                 return Err(format!(
-                    "{other} needs TLS, which this build of redlease lacks: enable its \
-                     `tls` feature (on by default)"
+                    "{other} needs the `tls` feature, which this build leaves out"
                 ))
             }
         };
@@ -217,10 +214,7 @@ impl Endpoint {
                     "AUTH" if refused => RedisError::from((
                         ErrorKind::AuthenticationFailed,
                         "redis refused the credentials",
-                        format!(
-                            "{text} (user {user:?}): fix the username or password in the url, \
-                             or enable the user with ACL SETUSER"
-                        ),
+                        format!("{text} (user {user:?})"),
                     )),
                     what => {
                         let kind = e.kind().map_or(ErrorKind::Extension, ErrorKind::Server);

@@ -151,7 +151,9 @@ fn a_reader_never_silently_waits_for_itself_to_upgrade() {
     assert!(t.elapsed() >= Duration::from_millis(300));
     let e = rw.write_lock().lock().expect_err("no upgrade");
     assert!(e.is_invalid_argument(), "{e}");
-    assert!(e.to_string().contains("release the read lock first"), "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains("write lock of \"rw\""), "{msg}");
+    assert!(msg.contains("release the read lock first"), "{msg}");
     let e = rw
         .write_lock()
         .lock_with_lease(Duration::from_secs(5))

@@ -209,7 +209,7 @@ fn bad_input_is_refused_with_a_clear_error() {
         e.to_string()
     };
     let msg = invalid(sem.acquire(0).map(drop), "acquire 0");
-    assert!(msg.contains("at least 1"), "{msg}");
+    assert!(msg.contains("permits must be at least 1, got 0"), "{msg}");
     invalid(sem.try_acquire(0).map(drop), "try_acquire 0");
     invalid(sem.release(0), "release 0");
     invalid(sem.acquire((1 << 53) + 1).map(drop), "acquire too many");
@@ -218,16 +218,20 @@ fn bad_input_is_refused_with_a_clear_error() {
     invalid(sem.try_set_permits((1 << 53) + 1).map(drop), "too many");
     invalid(sem.add_permits(i64::MIN), "too large a change");
     let msg = invalid(c.semaphore("").acquire(1).map(drop), "empty name");
-    assert!(msg.contains("name is empty"), "{msg}");
+    assert!(msg.contains("semaphore name must not be empty"), "{msg}");
     invalid(pes.acquire(Duration::ZERO).map(drop), "zero lease");
     let msg = invalid(
         pes.acquire(ExpirableSemaphore::MAX_LEASE + Duration::from_secs(1))
             .map(drop),
         "over-long lease",
     );
-    assert!(msg.contains("too long"), "{msg}");
+    assert!(
+        msg.contains("permit lease must be at most ExpirableSemaphore::MAX_LEASE"),
+        "{msg}"
+    );
     let msg = invalid(pes.release("nope").map(drop), "bad id");
     assert!(msg.contains("32 hex digits"), "{msg}");
+    assert!(msg.contains("got \"nope\""), "{msg}");
     invalid(
         c.permit_expirable_semaphore("")
             .try_set_permits(1)
