@@ -257,7 +257,7 @@ fn seconds(what: &str, s: f64) -> Result<Duration, Failure> {
         .ok_or_else(|| {
             Failure(
                 2,
-                format!("{what} {}: give a number of seconds from 0.001 to 86400", {
+                format!("{what} must be 0.001 to 86400 seconds, got {}", {
                     if s.abs() < 1e9 {
                         format!("{s}")
                     } else {
@@ -317,9 +317,9 @@ fn force_unlock(
         return Err(Failure(
             NOTHING,
             match found.kind {
-                ObjectKind::Missing => format!("{name:?} is not held: nothing to unlock"),
+                ObjectKind::Missing => format!("nothing to unlock: {name:?} is not held"),
                 kind => format!(
-                    "{name:?} is a {}, not a lock: nothing to unlock",
+                    "nothing to unlock: {name:?} is a {}, not a lock",
                     kind.as_str()
                 ),
             },
@@ -328,7 +328,7 @@ fn force_unlock(
     if found.holders.is_empty() {
         return Err(Failure(
             NOTHING,
-            format!("{name:?} is not held: nothing to unlock"),
+            format!("nothing to unlock: {name:?} is not held"),
         ));
     }
     if !yes {
@@ -359,8 +359,7 @@ fn force_unlock(
             return Err(Failure(
                 NOT_CONFIRMED,
                 format!(
-                    "the holders of {name:?} changed while you were asked: nothing done; run it \
-                     again to see who holds it now"
+                    "not confirmed: the holders of {name:?} changed while you were asked, nothing done"
                 ),
             ));
         }
@@ -383,7 +382,7 @@ fn force_unlock(
     } else {
         Err(Failure(
             NOTHING,
-            format!("{name:?} was released meanwhile: nothing to unlock"),
+            format!("nothing to unlock: {name:?} was released meanwhile"),
         ))
     }
 }

@@ -154,11 +154,21 @@ fn force_unlock_asks_unless_yes() {
     // Nothing held, or not a lock: nothing to do.
     let o = redlease(&["--url", &url, "force-unlock", "orders:7", "--yes"]);
     assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("nothing to unlock: \"orders:7\" is not held"),
+        "{}",
+        show(&o)
+    );
     let sem = c.semaphore("orders:sem");
     sem.try_set_permits(1).expect("set");
     let o = redlease(&["--url", &url, "force-unlock", "orders:sem", "--yes"]);
     assert_eq!(o.status.code(), Some(1), "{}", show(&o));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("not a lock"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("\"orders:sem\"") && err.contains("not a lock"),
+        "{}",
+        show(&o)
+    );
 }
 
 #[test]
@@ -167,6 +177,21 @@ fn errors_have_their_exit_codes() {
     let url = format!("redis://127.0.0.1:{port}/");
     let o = redlease(&["--url", &url, "--timeout", "0.5", "list"]);
     assert_eq!(o.status.code(), Some(3), "no server: {}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains(&format!(
+            "timed out waiting for a connection to redis at 127.0.0.1:{port}"
+        )),
+        "{}",
+        show(&o)
+    );
+    let o = redlease(&["--url", &url, "--timeout", "0", "list"]);
+    assert_eq!(o.status.code(), Some(2), "bad timeout: {}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .contains("--timeout must be 0.001 to 86400 seconds, got 0"),
+        "{}",
+        show(&o)
+    );
     let o = redlease(&["inspect"]);
     assert_eq!(o.status.code(), Some(2), "no name: {}", show(&o));
     let o = redlease(&["--url", "redis://a/", "--url", "redis://b/", "list"]);
