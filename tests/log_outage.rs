@@ -163,7 +163,7 @@ fn an_outage_warns_at_most_once_a_second_per_cause() {
                 .expect("lock")
         })
         .collect();
-    let _held = b.lock("busy").lock().expect("busy");
+    let held = b.lock("busy").lock().expect("busy");
     let waiter = {
         let lock = a.lock("busy");
         thread::spawn(move || {
@@ -180,9 +180,12 @@ fn an_outage_warns_at_most_once_a_second_per_cause() {
     for g in dropped {
         drop(g); // each release fails and warns, one after another
     }
-    // The outage: renewals fail and are retried, the subscriber reconnects.
-    thread::sleep(Duration::from_secs(3));
+    // The outage goes on (the drops above took about 2 s): renewals fail and
+    // are retried, the subscriber reconnects.
+    thread::sleep(Duration::from_millis(1500));
     server.restart();
+    // Its release wakes the waiter (or it finds the lock free on a re-check).
+    drop(held);
     let _ = waiter.join().expect("the waiter");
     drop(watched);
 

@@ -15,7 +15,7 @@ use support::RedisServer;
 const WATCHDOG: &str = "redlease-watchd";
 const PUBSUB: &str = "redlease-pubsub";
 const CONNECT: &str = "redlease-connec";
-const LEASE: Duration = Duration::from_secs(1);
+const LEASE: Duration = Duration::from_millis(600);
 const WAIT: Duration = Duration::from_secs(10);
 
 /// How many threads of this process carry `name`.

@@ -528,7 +528,7 @@ fn killed_holder_with_watchdog_lease_is_waited_out() {
 fn redlock_excludes_across_processes_while_a_master_stops_and_starts() {
     const PROCESSES: usize = 3;
     const THREADS_EACH: usize = 4;
-    const ROUNDS_EACH: usize = 50;
+    const ROUNDS_EACH: usize = 25;
     let masters: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let oracle = RedisServer::start();
     let mut urls: Vec<String> = masters.iter().map(RedisServer::url).collect();

@@ -63,8 +63,18 @@ fn redlock_excludes_reenters_and_releases_on_every_master() {
     let (a, b) = (clients(&urls(&servers)), clients(&urls(&servers)));
     let ra = red(&a, "red:1");
     assert_eq!(ra.quorum(), 2);
-    // Connections made and scripts loaded.
+    // Connections made and scripts loaded, and each client's process key
+    // written (its first write follows the first acquisition, on a thread
+    // of its own; the next is a third of a lease later).
     ra.lock().expect("warm").unlock().expect("unlock");
+    for (c, s) in a.iter().zip(&servers) {
+        let key = crate::support::process_key(c.id());
+        wait_until("the process key written and counted", WAIT, || {
+            let trips = c.stats().round_trips;
+            thread::sleep(Duration::from_millis(20));
+            s.cmd(&["EXISTS", &key]) == "1" && c.stats().round_trips == trips
+        });
+    }
     let before: Vec<u64> = a.iter().map(|c| c.stats().round_trips).collect();
     let g = ra.lock().expect("lock");
     let after: Vec<u64> = a.iter().map(|c| c.stats().round_trips).collect();
