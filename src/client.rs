@@ -499,8 +499,8 @@ impl ClientBuilder {
     /// [`retry_attempts`](ClientBuilder::retry_attempts)), then fails with
     /// [`Error::ReplicaSync`]; an unconfirmed renewal counts as a failed
     /// renewal. `WAIT` is not consensus: a failover can still lose a lock
-    /// whose replica acknowledged, or promote one that did not (see the
-    /// `docs/guarantees.md`). `min_replicas` 0 turns it off; otherwise
+    /// whose replica acknowledged, or promote one that did not (see
+    /// [`guide::guarantees`](crate::guide::guarantees)). `min_replicas` 0 turns it off; otherwise
     /// `timeout` must be 1 ms to 24 h (a `WAIT` without a timeout would
     /// block forever), or [`build`](Self::build) fails with
     /// [`Error::InvalidArgument`]. Defaults to 1 replica within 1 s whenever

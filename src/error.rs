@@ -193,7 +193,7 @@ impl Error {
     ///   the `ConnectionInfo`), or enable the user (`ACL SETUSER <user> on`);
     /// - a missing permission: the [`source`](std::error::Error::source)
     ///   names the command, key or channel refused; grant what the minimal
-    ///   ACL rule in `docs/production.md` lists.
+    ///   ACL rule in [`guide::production`](crate::guide::production) lists.
     ///
     /// ```
     /// # fn check(e: redlease::Error) {

@@ -128,6 +128,15 @@
 //! [`LockGuard::ensure_held`] before each side effect that must be exclusive,
 //! and keep critical sections well inside the lease. A single Redis (or a
 //! replicated one that fails over) can lose a lock on a crash.
+//!
+//! ## Guides
+//!
+//! - [`guide::guarantees`]: what a lock promises, and what a crash, a lost
+//!   reply, a stall and a failover do.
+//! - [`guide::kinds`]: each kind beside the reentrant lock (fenced, fair,
+//!   read-write, semaphores, latch, RedLock, MultiLock), with examples.
+//! - [`guide::production`]: TLS, ACL users, Sentinel, replica sync, Redis
+//!   Cluster.
 
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -190,11 +199,21 @@ macro_rules! doctests {
 doctests! {
     ReadmeDoctests = "../README.md";
     ApiDoctests = "../docs/api.md";
-    KindsDoctests = "../docs/kinds.md";
-    ProductionDoctests = "../docs/production.md";
     ObservabilityDoctests = "../docs/observability.md";
-    GuaranteesDoctests = "../docs/guarantees.md";
     InternalsDoctests = "../docs/internals.md";
     PerformanceDoctests = "../docs/performance.md";
     ReliabilityDoctests = "../docs/reliability.md";
+}
+
+/// The guides of `docs/` that a user of the API reads, here as well as in
+/// the repository: what a lock guarantees, each kind of the family, and
+/// production setups. Nothing to call: these modules hold only text (and
+/// its examples, which run as doctests).
+pub mod guide {
+    #[doc = include_str!("../docs/guarantees.md")]
+    pub mod guarantees {}
+    #[doc = include_str!("../docs/kinds.md")]
+    pub mod kinds {}
+    #[doc = include_str!("../docs/production.md")]
+    pub mod production {}
 }

@@ -29,7 +29,8 @@ use crate::scripts::{self, AcquireReply};
 use crate::time::{jitter, warn_limited};
 
 /// A lock on a majority of independent Redis masters: the RedLock algorithm
-/// (see `docs/kinds.md` for what it does and does not guarantee).
+/// (see [`guide::kinds`](crate::guide::kinds) for what it does and does
+/// not guarantee).
 ///
 /// Each member is a [`Lock`] on its own [`Client`](crate::Client), one per
 /// master. An acquisition sends its request to every master at once and
