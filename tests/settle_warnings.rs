@@ -50,8 +50,8 @@ fn failed_settles_warn_once_per_cause() {
         .connection_timeout(Duration::from_millis(300))
         .build()
         .expect("client");
-    // Twenty threads, each with a lock, release all at once after the kill,
-    // each release failing within its timeouts.
+    // Twenty threads, each with a lock, release one after another after the
+    // kill, each release failing within its timeouts.
     let held = Arc::new(Barrier::new(LOCKS + 1));
     let killed = Arc::new(Barrier::new(LOCKS + 1));
     let holders: Vec<_> = (0..LOCKS)
@@ -64,6 +64,10 @@ fn failed_settles_warn_once_per_cause() {
                     .expect("lock");
                 held.wait();
                 killed.wait();
+                // Staggered, so that the requests reach the settling thread
+                // at different points of its back-off (all at once, it only
+                // ever tries the first one or two of them).
+                thread::sleep(Duration::from_millis(100) * i as u32);
                 g.unlock().is_err()
             })
         })

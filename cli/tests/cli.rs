@@ -342,6 +342,14 @@ fn watch_keeps_going_while_redis_is_away() {
     let srv = RedisServer::start();
     let url = srv.url();
     srv.cmd(&["HSET", "w:1", "8d1f3b9e-1c2d-4e5f-8a9b-0c1d2e3f4a5b:1", "1"]);
+    /// Kills the command when the test ends, passed or failed.
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
     let mut child = Command::new(BIN)
         .args(["--url", &url, "--timeout", "0.5", "--json", "watch", "w:*"])
         .args(["--interval", "0.2"])
@@ -350,11 +358,12 @@ fn watch_keeps_going_while_redis_is_away() {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
+        .map(Killed)
         .expect("spawn");
     // Its lines as they come: ("out" | "err", line).
     let (tx, rx) = mpsc::channel();
-    let out = BufReader::new(child.stdout.take().expect("stdout"));
-    let err = BufReader::new(child.stderr.take().expect("stderr"));
+    let out = BufReader::new(child.0.stdout.take().expect("stdout"));
+    let err = BufReader::new(child.0.stderr.take().expect("stderr"));
     for (which, lines) in [
         (
             "out",
@@ -370,8 +379,10 @@ fn watch_keeps_going_while_redis_is_away() {
         });
     }
     let mut seen = Vec::new();
+    // One deadline for all of it: lines that do not match do not extend it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let mut wait_for = |what: &str, which: &str, text: &str| loop {
-        match rx.recv_timeout(Duration::from_secs(10)) {
+        match rx.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())) {
             Ok((w, line)) => {
                 let found = w == which && line.contains(text);
                 seen.push(format!("{w}: {line}"));
@@ -390,11 +401,9 @@ fn watch_keeps_going_while_redis_is_away() {
     srv.cmd(&["HSET", "w:1", "8d1f3b9e-1c2d-4e5f-8a9b-0c1d2e3f4a5b:2", "1"]);
     wait_for("a refresh after the restart", "out", ":2\"");
     assert!(
-        child.try_wait().expect("try_wait").is_none(),
+        child.0.try_wait().expect("try_wait").is_none(),
         "watch still running"
     );
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 /// `redlease watch | head -1`: once the reader is gone, watch must end

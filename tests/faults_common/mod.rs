@@ -154,11 +154,17 @@ impl Monitor {
         (addr != "lua").then_some(addr)
     }
 
-    /// Reads until `count` lines matching `pred` were seen (10 s per line at
-    /// most); panics saying `what` it waited for otherwise.
+    /// Reads until `count` lines matching `pred` were seen, for 10 s at most
+    /// in all (other commands' lines do not extend it); panics saying `what`
+    /// it waited for otherwise.
     pub fn wait_for(&mut self, what: &str, mut pred: impl FnMut(&str) -> bool, count: usize) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
         let mut seen = 0;
         while seen < count {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out after 10 s waiting for {what} on MONITOR ({seen}/{count})"
+            );
             let mut line = String::new();
             self.lines
                 .read_line(&mut line)

@@ -725,6 +725,11 @@ fn a_silent_master_does_not_starve_the_others_of_connections() {
     let mut tries = 0;
     while started.elapsed() < window {
         tries += 1;
+        // B's connections cut every half second: B needs new ones at every
+        // phase of the dials to A, not only once after the lost reply.
+        if tries % 5 == 0 {
+            cluster.proxy_of(b).cut();
+        }
         if c.lock(format!("{{{b_name}}}:after"))
             .try_lock()
             .is_ok_and(|g| g.is_some())

@@ -12,7 +12,7 @@ use crate::support::{wait_until, Proxy, RedisServer};
 use redlease::{Client, Lock, LockGuard};
 
 /// Cycles per test: each of the six ways to cut (1-3 holds, the cut at each
-/// of them) 50 times. Each costs a few round trips through the proxy plus a
+/// of them) at least 33 times. Each costs a few round trips through the proxy plus a
 /// reconnect (about 2-4 ms on a 2-core machine).
 const CYCLES: usize = 300;
 

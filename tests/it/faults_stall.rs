@@ -381,7 +381,13 @@ struct ProxyRig {
 fn proxy_rig(response_timeout: Duration) -> ProxyRig {
     let srv = RedisServer::start();
     let proxy = Proxy::start(srv.addr());
-    let client = client(&proxy.url(), response_timeout);
+    // No replica sync (the server has no replicas): its ROLE read, at most
+    // once a second before a write, would be what a stall holds back, and
+    // the acquire under test would never be sent.
+    let client = crate::faults_common::builder(&proxy.url(), response_timeout)
+        .sync_replicas(0, Duration::ZERO)
+        .build()
+        .expect("build client");
     client.lock("warm").lock().unwrap().unlock().unwrap(); // scripts loaded
     ProxyRig { srv, proxy, client }
 }

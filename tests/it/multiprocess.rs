@@ -582,7 +582,10 @@ fn redlock_excludes_across_processes_while_a_master_stops_and_starts() {
         (PROCESSES * THREADS_EACH * ROUNDS_EACH) as u64,
         "lost updates"
     );
-    assert!(cycles > 0, "the master was stopped during the run");
+    assert!(
+        cycles >= 2,
+        "the master was stopped and continued several times during the run ({cycles})"
+    );
 }
 
 /// A process holding a watched RedLock is killed with SIGKILL: a waiter in
