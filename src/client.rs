@@ -500,9 +500,9 @@ impl ClientBuilder {
     /// [`Error::ReplicaSync`]; an unconfirmed renewal counts as a failed
     /// renewal. `WAIT` is not consensus: a failover can still lose a lock
     /// whose replica acknowledged, or promote one that did not (see
-    /// [`guide::guarantees`](crate::guide::guarantees)). `min_replicas` 0 turns it off; otherwise
-    /// `timeout` must be 1 ms to 24 h (a `WAIT` without a timeout would
-    /// block forever), or [`build`](Self::build) fails with
+    /// [`guide::guarantees`](crate::guide::guarantees)). `min_replicas` 0
+    /// turns it off; otherwise `timeout` must be 1 ms to 24 h (a `WAIT`
+    /// without a timeout would block forever), or [`build`](Self::build) fails with
     /// [`Error::InvalidArgument`]. Defaults to 1 replica within 1 s whenever
     /// the master has replicas.
     pub fn sync_replicas(mut self, min_replicas: u32, timeout: Duration) -> Self {
