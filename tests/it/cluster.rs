@@ -149,8 +149,10 @@ fn thousands_of_watched_locks_renewed_in_one_round_trip_per_master() {
     );
     assert_eq!(after.locks_lost, 0, "no lock lost");
     assert!(wakeups > 0, "the watchdog renewed");
+    // One batch under way when `before` was read counts its round trips
+    // here but not its wake-up (see quiet_stats).
     assert!(
-        trips <= 3 * wakeups,
+        trips <= 3 * (wakeups + 1),
         "at most one round trip per master per wake-up: {trips} for {wakeups} wake-ups"
     );
     // Every lock renewed about every lease / 3.

@@ -281,7 +281,11 @@ fn renewals_of_every_kind_share_one_round_trip() {
     let batches = after.renewal_batches - before.renewal_batches;
     let trips = after.renewal_round_trips - before.renewal_round_trips;
     assert!(batches >= 3, "renewed ({batches} batches)");
-    assert_eq!(trips, batches, "one round trip per batch");
+    // Give or take one batch under way at either end (see quiet_stats).
+    assert!(
+        trips.abs_diff(batches) <= 1,
+        "one round trip per batch: {trips} for {batches} batches"
+    );
     // Every 300 ms each: at least 4 renewals each in 2 s (holds taken far
     // enough apart on a loaded machine fall due in separate batches, so a
     // batch may renew fewer than four).
