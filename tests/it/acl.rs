@@ -106,8 +106,10 @@ fn wrong_password_is_an_auth_error_at_once() {
     eprintln!("wrong password, build() ({took:?}): {}", error_chain(&err));
     assert!(err.is_auth(), "{err:?}");
     assert!(!err.is_connection_error(), "{err:?}");
+    // Well short of the 5 s connection timeout a pool timeout would take
+    // (the bound leaves room for a loaded machine).
     assert!(
-        took < Duration::from_millis(100),
+        took < Duration::from_secs(1),
         "at once, not after 5 s ({took:?})"
     );
     assert!(
@@ -129,8 +131,8 @@ fn wrong_password_is_an_auth_error_at_once() {
         let took = started.elapsed();
         assert!(err.is_auth(), "call {i}: {err:?}");
         assert!(
-            took < Duration::from_millis(100),
-            "call {i} at once ({took:?})"
+            took < Duration::from_secs(1),
+            "call {i} at once, not after the 5 s connection timeout ({took:?})"
         );
     }
     // An unknown user too.
