@@ -124,8 +124,9 @@ fn redlock_waiter_is_woken_by_a_release() {
     assert!(took < HANDOFF_BOUND, "woken by a release ({took:?})");
 }
 
-/// One round trip to all masters: with every master 100 ms away, an
-/// acquisition (and a release) takes about one such round trip, not three.
+/// One round trip to all masters: with every master 300 ms away, an
+/// acquisition (and a release) takes about one such round trip, not three
+/// (the bound, two, leaves a loaded machine room).
 #[test]
 fn redlock_sends_to_all_masters_before_reading_any_reply() {
     let servers = masters(3);
@@ -138,7 +139,7 @@ fn redlock_sends_to_all_masters_before_reading_any_reply() {
         .unlock()
         .expect("unlock");
     for p in &proxies {
-        p.set_delay(Duration::from_millis(50)); // ~100 ms per round trip
+        p.set_delay(Duration::from_millis(150)); // ~300 ms per round trip
     }
     let started = Instant::now();
     let g = ra
@@ -146,17 +147,17 @@ fn redlock_sends_to_all_masters_before_reading_any_reply() {
         .expect("try_lock")
         .expect("free");
     let took = started.elapsed();
-    println!("RedLock over 3 masters 100 ms away: acquired in {took:?}");
+    println!("RedLock over 3 masters 300 ms away: acquired in {took:?}");
     assert!(
-        took < Duration::from_millis(250),
+        took < Duration::from_millis(600),
         "one round trip to all masters, not one after another ({took:?})"
     );
     let started = Instant::now();
     g.unlock().expect("unlock");
     let took = started.elapsed();
-    println!("RedLock over 3 masters 100 ms away: released in {took:?}");
+    println!("RedLock over 3 masters 300 ms away: released in {took:?}");
     assert!(
-        took < Duration::from_millis(250),
+        took < Duration::from_millis(600),
         "the release too: one round trip to all masters ({took:?})"
     );
     for s in &servers {
