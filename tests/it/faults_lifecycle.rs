@@ -9,7 +9,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -33,14 +33,7 @@ fn unix_ms() -> u128 {
 
 /// Starts this test binary as a worker doing `task` (`role|url|args...`).
 fn spawn_worker(task: &str) -> Child {
-    Command::new(std::env::current_exe().expect("current_exe"))
-        .args([
-            "--exact",
-            "faults_lifecycle::worker",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
+    crate::worker_process("faults_lifecycle::worker")
         .env(WORKER_ENV, task)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -44,6 +44,15 @@ mod support_selftest;
 mod tls;
 mod watchdog;
 
+/// This test binary run again as a worker process: only `test` (a module's
+/// `worker`, which picks its job from environment variables the caller
+/// sets), on one thread, its output not captured.
+pub(crate) fn worker_process(test: &str) -> std::process::Command {
+    let mut cmd = std::process::Command::new(std::env::current_exe().expect("current_exe"));
+    cmd.args(["--exact", test, "--nocapture", "--test-threads", "1"]);
+    cmd
+}
+
 /// An error and its chain of causes, for messages and assertions.
 pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();

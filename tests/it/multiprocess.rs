@@ -333,14 +333,7 @@ impl Worker {
             WORKERS.fetch_add(1, Ordering::Relaxed)
         ));
         let file = File::create(&out).expect("worker log file");
-        let child = Command::new(env::current_exe().expect("current_exe"))
-            .args([
-                "--exact",
-                "multiprocess::worker",
-                "--nocapture",
-                "--test-threads",
-                "1",
-            ])
+        let child = crate::worker_process("multiprocess::worker")
             .env(ROLE, role)
             .env(URL, url)
             .envs(vars.iter().map(|(k, v)| (k, v)))

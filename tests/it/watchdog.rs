@@ -8,7 +8,7 @@
 //! `cargo test --test it -- watchdog:: --nocapture`).
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
@@ -588,15 +588,7 @@ struct Worker {
 
 impl Worker {
     fn start(job: &str, url: &str) -> Worker {
-        let exe = std::env::current_exe().expect("current_exe");
-        let mut child = Command::new(exe)
-            .args([
-                "--exact",
-                "watchdog::worker",
-                "--nocapture",
-                "--test-threads",
-                "1",
-            ])
+        let mut child = crate::worker_process("watchdog::worker")
             .env(WORKER_JOB, job)
             .env(WORKER_URL, url)
             .stdin(Stdio::piped())
