@@ -48,8 +48,12 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, Throughput};
 use support::{Mode, RedisServer};
 
-const ACQUIRE_LUA: &str = include_str!("../src/scripts/acquire.lua");
+const ACQUIRE_LUA: &str = concat!(
+    include_str!("../src/scripts/queue_lib.lua"),
+    include_str!("../src/scripts/acquire.lua")
+);
 const RELEASE_LUA: &str = concat!(
+    include_str!("../src/scripts/queue_lib.lua"),
     include_str!("../src/scripts/release_plain.lua"),
     include_str!("../src/scripts/release.lua")
 );
@@ -255,10 +259,11 @@ impl RawPair {
             );
             release
                 .arg(&self.release_sha)
-                .arg(3)
+                .arg(4)
                 .arg(&self.name)
                 .arg(&self.channel)
                 .arg(latch)
+                .arg(format!("redlease_waiting:{{{}}}", self.name))
                 .arg(&self.field)
                 .arg(0)
                 .arg(lease_ms)

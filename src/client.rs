@@ -365,8 +365,9 @@ pub struct ClientStats {
     /// Locks the watchdog is renewing.
     pub watchdog_entries: usize,
     /// Channels with at least one waiter in this process (release channels
-    /// of every kind, a fair lock's waiters' own channels, semaphore and
-    /// latch channels).
+    /// of every kind, a reentrant lock's wake-up channel of this process, a
+    /// fair lock's waiters' own channels, semaphore and latch channels): a
+    /// waiter of a reentrant lock subscribes to two.
     pub subscribed_channels: usize,
     /// Times the subscriber connection was re-established.
     pub subscriber_reconnects: u64,

@@ -7,8 +7,10 @@
 //! - **Reentrant**: a hash per lock, field `<client-uuid>:<thread-id>`, value
 //!   the hold count; every operation is one Lua script, one round trip.
 //! - **Woken, not polling**: a waiter subscribes to the lock's release channel;
-//!   a release wakes one waiter per process. Each wait is bounded by the
-//!   holder's lease, so a crashed holder's lock is taken as soon as it expires.
+//!   a release wakes one waiter per process, or, where redlease processes
+//!   are queued for a reentrant lock, one waiter of one queued process. Each
+//!   wait is bounded by the holder's lease, so a crashed holder's lock is
+//!   taken as soon as it expires.
 //! - **Watchdog**: locks taken without a lease are renewed until released, by
 //!   one thread per client that renews everything due in one round trip, each
 //!   lock at its own interval, and reports a lost lease to its guard.

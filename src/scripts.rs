@@ -13,6 +13,10 @@ use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, ServerErrorKind};
 /// for lost replies, so they stay few.
 pub(crate) const LATE_REQUEST_WINDOW_MS: u64 = 15 * 60 * 1000;
 
+/// The field of a reentrant lock's hash that says processes are queued for
+/// it (queue_lib.lua's `QUEUED`).
+pub(crate) const QUEUED_FIELD: &str = "redlease:waiting";
+
 /// A Lua script and its SHA1.
 pub(crate) struct Lua {
     source: &'static str,
@@ -32,10 +36,17 @@ macro_rules! lua {
     };
 }
 
-lua!(ACQUIRE, "scripts/acquire.lua");
+// The reentrant lock's queue of waiting processes: queue_lib.lua.
+lua!(ACQUIRE, "scripts/queue_lib.lua", "scripts/acquire.lua");
 // The release of the reentrant and the fair lock: one script, with the
 // part that says whom it wakes prepended.
-lua!(RELEASE, "scripts/release_plain.lua", "scripts/release.lua");
+lua!(
+    RELEASE,
+    "scripts/queue_lib.lua",
+    "scripts/release_plain.lua",
+    "scripts/release.lua"
+);
+lua!(LEAVE, "scripts/queue_lib.lua", "scripts/leave.lua");
 // The read-write lock's scripts share the functions of rw_lib.lua.
 lua!(RW_ACQUIRE, "scripts/rw_lib.lua", "scripts/rw_acquire.lua");
 lua!(RW_RELEASE, "scripts/rw_lib.lua", "scripts/rw_release.lua");
@@ -211,6 +222,24 @@ pub(crate) struct Acquire<'a> {
     pub(crate) place_ms: u64,
     /// A fair lock's waiter's first try: it queues at the end.
     pub(crate) requeue: bool,
+    /// A reentrant lock's waiter that listens for its process's wake-up:
+    /// its process joins the lock's queue if busy (see queue_lib.lua).
+    pub(crate) queue: Option<Queued<'a>>,
+}
+
+/// A waiter's process in a reentrant lock's queue of waiting processes
+/// (acquire.lua's `ARGV[7..9]`).
+#[derive(Clone, Copy)]
+pub(crate) struct Queued<'a> {
+    /// The queue ([`queue_name`]).
+    pub(crate) key: &'a str,
+    /// The process's wake-up channel ([`wake_channel_name`]), its entry.
+    pub(crate) channel: &'a str,
+    /// Other waiters of the process still wait: once acquired, it stays in
+    /// the queue (else it leaves).
+    pub(crate) stay: bool,
+    /// The longest the caller waits before it tries again, in ms.
+    pub(crate) wait_ms: u64,
 }
 
 impl Acquire<'_> {
@@ -237,6 +266,9 @@ impl Acquire<'_> {
         for key in &self.unsettled {
             cmd.arg(*key);
         }
+        if let Some(q) = &self.queue {
+            cmd.arg(q.key);
+        }
         cmd.arg(self.lease_ms)
             .arg(self.lock.field)
             .arg(self.count)
@@ -253,8 +285,13 @@ impl Acquire<'_> {
                 cmd.arg(if self.token.is_some() { "1" } else { "0" });
             }
         }
-        if !self.unsettled.is_empty() {
+        if !self.unsettled.is_empty() || self.queue.is_some() {
             cmd.arg(LATE_REQUEST_WINDOW_MS);
+        }
+        if let Some(q) = &self.queue {
+            cmd.arg(if q.stay { "q" } else { "l" })
+                .arg(q.channel)
+                .arg(q.wait_ms);
         }
     }
 
@@ -263,7 +300,7 @@ impl Acquire<'_> {
             Kind::Fair => 3,
             _ => usize::from(self.token.is_some()),
         };
-        2 + extra + self.unsettled.len()
+        2 + extra + self.unsettled.len() + usize::from(self.queue.is_some())
     }
 
     fn script(&self) -> &'static Lua {
@@ -386,10 +423,16 @@ impl Release<'_> {
         cmd.arg(self.lock.name)
             .arg(self.lock.channel)
             .arg(self.latch);
-        if self.lock.kind == Kind::Fair {
-            cmd.arg(fair_line_name(self.lock.name))
-                .arg(fair_places_name(self.lock.name))
-                .arg(fair_deadlines_name(self.lock.name));
+        match self.lock.kind {
+            Kind::Fair => {
+                cmd.arg(fair_line_name(self.lock.name))
+                    .arg(fair_places_name(self.lock.name))
+                    .arg(fair_deadlines_name(self.lock.name));
+            }
+            Kind::Plain | Kind::Fenced => {
+                cmd.arg(queue_name(self.lock.name));
+            }
+            Kind::Read | Kind::Write => {}
         }
         for key in &self.unsettled {
             cmd.arg(*key);
@@ -409,7 +452,12 @@ impl Release<'_> {
     }
 
     fn keys(&self) -> usize {
-        3 + 3 * usize::from(self.lock.kind == Kind::Fair) + self.unsettled.len()
+        let extra = match self.lock.kind {
+            Kind::Fair => 3,
+            Kind::Plain | Kind::Fenced => 1,
+            Kind::Read | Kind::Write => 0,
+        };
+        3 + extra + self.unsettled.len()
     }
 
     fn script(&self) -> &'static Lua {
@@ -467,6 +515,26 @@ pub(crate) fn cancel_acquire(
         if lock.kind.is_rw() {
             cmd.arg(lock.hold_prefix()).arg(rw_base(lock.name));
         }
+    })
+}
+
+/// leave.lua: the last waiter of its process gives up; the process leaves
+/// the queue of lock `name` (`channel` its release channel), and a wake-up
+/// a release already gave it goes on if the lock is free: 1 if passed on.
+pub(crate) fn leave(
+    conn: &mut crate::net::transport::Connection,
+    name: &str,
+    channel: &str,
+    queue: &str,
+    wake_channel: &str,
+    publish: &str,
+) -> RedisResult<i64> {
+    LEAVE.run(conn, 3, |cmd| {
+        cmd.arg(name)
+            .arg(channel)
+            .arg(queue)
+            .arg(wake_channel)
+            .arg(publish);
     })
 }
 
@@ -844,6 +912,22 @@ pub(crate) fn rw_channel_name(name: &str) -> String {
 /// The channel a full release publishes on (Redisson's).
 pub(crate) fn channel_name(name: &str) -> String {
     prefix_name("redisson_lock__channel", name, 0)
+}
+
+/// The queue of the processes waiting for reentrant lock `name`
+/// (redlease's own, see queue_lib.lua).
+pub(crate) fn queue_name(name: &str) -> String {
+    prefix_name("redlease_waiting", name, 0)
+}
+
+/// The wake-up channel of client `client`'s waiters of reentrant lock
+/// `name` (redlease's own): `redlease_wake:{<name>}:<client>`, in the lock's
+/// slot.
+pub(crate) fn wake_channel_name(name: &str, client: &str) -> String {
+    let mut s = prefix_name("redlease_wake", name, client.len() + 1);
+    s.push(':');
+    s.push_str(client);
+    s
 }
 
 /// The latch key of one release request (Redisson's scheme, with

@@ -89,7 +89,7 @@ fn metrics_are_recorded_with_kind_and_outcome() {
     let lock = c.lock("m");
     let waiter = thread::spawn(move || drop(lock.try_lock_for(Duration::from_secs(10)).unwrap()));
     wait_until("the waiter", Duration::from_secs(10), || {
-        c.stats().subscribed_channels == 1
+        c.stats().subscribed_channels == 2
     });
     thread::sleep(Duration::from_millis(50));
     drop(g);

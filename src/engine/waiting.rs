@@ -5,13 +5,25 @@
 //! whichever comes first, and try again, until acquired or the deadline.
 //! Each kind brings its attempt (a script call and what its reply means),
 //! its channel and its wake rule.
+//!
+//! A reentrant lock's waiter also listens on its process's own wake-up
+//! channel and, from its second try on, queues its process in the lock's
+//! queue (see queue_lib.lua): a release then wakes one queued process
+//! instead of every process that waits. A process whose last waiter gives
+//! up leaves the queue, passing on a wake-up it was given.
 
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::net::pubsub::{Subscription, Wake, WakeRule};
 use crate::net::router::Router;
+use crate::scripts::{self, Queued};
 use crate::time::{far_future, jitter};
+
+/// The longest a waiter without a deadline says it waits before trying
+/// again (its queue entry outlives that; a holder's lease usually bounds
+/// the wait sooner).
+const QUEUE_WAIT_CAP_MS: u64 = 3_600_000;
 
 /// How long a caller is prepared to wait.
 pub(crate) enum Wait {
@@ -60,16 +72,27 @@ pub(crate) struct Waiters<'a> {
     /// The kind, for the acquisition's event (`None`: a wait that acquires
     /// nothing, the latch's).
     pub(crate) kind: Option<&'static str>,
+    /// A reentrant lock's waiter: the client's uuid, which names its
+    /// process's wake-up channel (`None`: the kind has no queue).
+    pub(crate) client: Option<&'a str>,
+}
+
+/// A waiter's process's place in a reentrant lock's queue: the queue's key
+/// and the process's wake-up channel.
+struct QueueNames {
+    key: String,
+    channel: String,
 }
 
 impl Waiters<'_> {
     /// Try; if busy, subscribe, then retry and wait for a message or the
     /// hint, whichever comes first, until `deadline`. Every try rides out a
-    /// failover ([`through_failover`]).
+    /// failover ([`through_failover`]). `try_once` is told, from the second
+    /// try on, where its process queues (a kind with a queue only).
     pub(crate) fn acquire<T>(
         &self,
         deadline: Option<Instant>,
-        mut try_once: impl FnMut() -> Result<Attempt<T>>,
+        mut try_once: impl FnMut(Option<&Queued>) -> Result<Attempt<T>>,
     ) -> Result<Option<T>> {
         let events = &self.router.counters().events;
         let started = self.kind.and(events.start());
@@ -78,62 +101,128 @@ impl Waiters<'_> {
                 events.acquired(kind, self.name, started, waited);
             }
         };
-        let mut attempt = || through_failover(self.router, self.name, deadline, &mut try_once);
-        if let Attempt::Acquired(g) = attempt()? {
+        let mut attempt =
+            |q: Option<&Queued>| through_failover(self.router, self.name, deadline, || try_once(q));
+        if let Attempt::Acquired(g) = attempt(None)? {
             acquired(false);
             return Ok(Some(g));
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Ok(None);
         }
-        let mut subscription = self.subscribe(deadline)?;
-        // Set when the wait ended only because the subscription is not
-        // confirmed (its link may be failing): the try that follows is a
-        // re-check, and a connection failure of it does not end the wait
-        // (the same outage may have broken the link), as long as the bound
-        // of the last answered try has not passed.
-        let mut recheck_until: Option<Instant> = None;
-        loop {
-            let tried = attempt();
-            if tried.is_ok() {
-                subscription.used();
-            }
-            let until = match tried {
-                Ok(Attempt::Acquired(g)) => {
-                    acquired(true);
-                    return Ok(Some(g));
+        let queue = self.client.map(|client| QueueNames {
+            key: scripts::queue_name(self.name),
+            channel: scripts::wake_channel_name(self.name, client),
+        });
+        let mut subscription = self.subscribe_queued(deadline, queue.as_ref())?;
+        // Whether a try may have queued this process.
+        let mut joined = false;
+        let mut wait = || -> Result<Option<T>> {
+            // Set when the wait ended only because the subscription is not
+            // confirmed (its link may be failing): the try that follows is a
+            // re-check, and a connection failure of it does not end the wait
+            // (the same outage may have broken the link), as long as the
+            // bound of the last answered try has not passed.
+            let mut recheck_until: Option<Instant> = None;
+            loop {
+                let queued = queue.as_ref().map(|q| Queued {
+                    key: &q.key,
+                    channel: &q.channel,
+                    stay: subscription.others_waiting(),
+                    wait_ms: deadline.map_or(QUEUE_WAIT_CAP_MS, |d| {
+                        u64::try_from(d.saturating_duration_since(Instant::now()).as_millis())
+                            .unwrap_or(u64::MAX)
+                            .min(QUEUE_WAIT_CAP_MS)
+                    }),
+                });
+                joined |= queued.is_some();
+                let tried = attempt(queued.as_ref());
+                if tried.is_ok() {
+                    subscription.used();
                 }
-                Ok(Attempt::Busy(hint)) => {
-                    let now = Instant::now();
-                    if deadline.is_some_and(|d| now >= d) {
-                        return Ok(None);
+                let until = match tried {
+                    Ok(Attempt::Acquired(g)) => {
+                        acquired(true);
+                        return Ok(Some(g));
                     }
-                    // Bounded by the hint: a crashed holder publishes
-                    // nothing, but its lease runs out.
-                    let hint = hint.unwrap_or(self.recheck).max(Duration::from_millis(1));
-                    let until = now.checked_add(hint).unwrap_or_else(|| far_future(now));
-                    deadline.map_or(until, |d| until.min(d))
+                    Ok(Attempt::Busy(hint)) => {
+                        let now = Instant::now();
+                        if deadline.is_some_and(|d| now >= d) {
+                            return Ok(None);
+                        }
+                        // Bounded by the hint: a crashed holder publishes
+                        // nothing, but its lease runs out.
+                        let hint = hint.unwrap_or(self.recheck).max(Duration::from_millis(1));
+                        let until = now.checked_add(hint).unwrap_or_else(|| far_future(now));
+                        deadline.map_or(until, |d| until.min(d))
+                    }
+                    // An error drops the subscription, which passes a wake-up
+                    // this retry took on to another waiter.
+                    Err(e) => failed_recheck(e, recheck_until, self.name)?,
+                };
+                recheck_until = None;
+                match subscription.wait_until(until)? {
+                    Wake::Woken => {}
+                    Wake::TimedOut => {
+                        recheck_until = (Instant::now() < until).then_some(until);
+                    }
+                    Wake::Moved(to) => {
+                        // The channel's slot moved or its node failed
+                        // (Cluster): subscribe where it is now, then retry (a
+                        // release between the two is not missed).
+                        self.router.channel_moved(self.channel, to.as_deref());
+                        subscription = self.subscribe_queued(deadline, queue.as_ref())?;
+                    }
                 }
-                // An error drops the subscription, which passes a wake-up
-                // this retry took on to another waiter.
-                Err(e) => failed_recheck(e, recheck_until, self.name)?,
-            };
-            recheck_until = None;
-            match subscription.wait_until(until)? {
-                Wake::Woken => {}
-                Wake::TimedOut => {
-                    recheck_until = (Instant::now() < until).then_some(until);
-                }
-                Wake::Moved(to) => {
-                    // The channel's slot moved or its node failed (Cluster):
-                    // subscribe where it is now, then retry (a release
-                    // between the two is not missed).
-                    drop(subscription);
-                    self.router.channel_moved(self.channel, to.as_deref());
-                    subscription = self.subscribe(deadline)?;
-                }
+            }
+        };
+        let got = wait();
+        if let (Some(q), true, false) = (&queue, joined, matches!(got, Ok(Some(_)))) {
+            let last = !subscription.others_waiting();
+            drop(subscription);
+            if last {
+                self.leave(q);
             }
         }
+        got
+    }
+
+    /// This process's last waiter gives up: its process leaves the queue,
+    /// passing on a wake-up a release already gave it (see leave.lua). Best
+    /// effort, once: an entry left behind runs out by itself.
+    fn leave(&self, q: &QueueNames) {
+        let publish = self.router.publish_command();
+        let result = self.router.run(self.name, |conn| {
+            scripts::leave(conn, self.name, self.channel, &q.key, &q.channel, publish)
+        });
+        match result {
+            Ok(1) => log::debug!("{:?}: a waiter gave up; its wake-up passed on", self.name),
+            Ok(_) => {}
+            Err(e) => log::debug!("{:?}: leaving the queue failed ({e})", self.name),
+        }
+    }
+
+    /// Subscribes to the lock's channel and, with a queue, to this process's
+    /// wake-up channel (see [`subscribe`](Waiters::subscribe)).
+    fn subscribe_queued(
+        &self,
+        deadline: Option<Instant>,
+        queue: Option<&QueueNames>,
+    ) -> Result<Subscription> {
+        through_failover(self.router, self.name, deadline, || {
+            let node = self.router.node(self.channel)?;
+            match queue {
+                Some(q) => node.pubsub.subscribe(
+                    &[self.channel, &q.channel],
+                    self.name,
+                    self.rule,
+                    deadline,
+                ),
+                None => node
+                    .pubsub
+                    .subscribe(&[self.channel], self.name, self.rule, deadline),
+            }
+        })
     }
 
     /// Subscribes to the channel on the node serving it, riding out a
@@ -142,7 +231,7 @@ impl Waiters<'_> {
         through_failover(self.router, self.name, deadline, || {
             let node = self.router.node(self.channel)?;
             node.pubsub
-                .subscribe(self.channel, self.name, self.rule, deadline)
+                .subscribe(&[self.channel], self.name, self.rule, deadline)
         })
     }
 }

@@ -217,7 +217,7 @@ impl ExpirableSemaphore {
         let names = &self.names;
         names
             .waiters()
-            .acquire(wait.deadline(), || names.synced(|| self.attempt(lease)))
+            .acquire(wait.deadline(), |_| names.synced(|| self.attempt(lease)))
     }
 
     fn attempt(&self, lease: Duration) -> Result<Attempt<Permit>> {

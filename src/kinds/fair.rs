@@ -181,10 +181,12 @@ impl FairLock {
         let waiters = Waiters {
             channel: &channel,
             recheck: FAIR_RECHECK,
+            // The fair lock's line is its queue.
+            client: None,
             ..lock.waiters()
         };
-        let got = waiters.acquire(wait.deadline(), || {
-            let tried = lock.attempt_synced(&terms)?;
+        let got = waiters.acquire(wait.deadline(), |_| {
+            let tried = lock.attempt_synced(&terms, None)?;
             // Queued at the end once; later tries keep the place.
             terms.requeue = false;
             Ok(match tried {

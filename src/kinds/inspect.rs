@@ -315,13 +315,13 @@ pub(crate) fn lock_holders(shared: &Shared, name: &str) -> Result<Vec<Holder>> {
     Ok(holders)
 }
 
-/// The holders a lock hash's fields name: every field but `mode` and the
-/// generations (`<owner>:gen`) whose value is a count.
+/// The holders a lock hash's fields name: every field but `mode`, the
+/// generations (`<owner>:gen`) and the queue's mark whose value is a count.
 fn holders_of_hash(fields: &[(String, String)], lease: Option<Duration>) -> Vec<Holder> {
     let rw = fields.iter().any(|(f, _)| f == "mode");
     fields
         .iter()
-        .filter(|(f, _)| f != "mode" && !f.ends_with(":gen"))
+        .filter(|(f, _)| f != "mode" && f != scripts::QUEUED_FIELD && !f.ends_with(":gen"))
         .filter_map(|(f, v)| {
             let count = v.parse().ok()?;
             let (client_id, owner_id) = split_owner(f);

@@ -206,8 +206,9 @@ impl CountDownLatch {
             // again: nobody publishes a count-down's progress.
             recheck: Duration::MAX,
             kind: None,
+            client: None,
         };
-        let opened = waiters.acquire(deadline, || {
+        let opened = waiters.acquire(deadline, |_| {
             Ok(if self.count()? == 0 {
                 Attempt::Acquired(())
             } else {

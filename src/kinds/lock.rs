@@ -17,7 +17,7 @@ use crate::kinds::lockable::lockable_by_inherent;
 use crate::net::pool::Synced;
 use crate::net::pubsub::{Subscription, WakeRule};
 use crate::net::router::Router;
-use crate::scripts::{self, AcquireReply, Kind, LockRef};
+use crate::scripts::{self, AcquireReply, Kind, LockRef, Queued};
 use crate::time::duration_ms;
 
 /// When waiting for a holder that set no lease (PTTL -1), re-check at least
@@ -608,10 +608,11 @@ impl Lock {
             self.check_no_upgrade()?;
         }
         self.waiters()
-            .acquire(wait.deadline(), || self.attempt_synced(terms))
+            .acquire(wait.deadline(), |q| self.attempt_synced(terms, q))
     }
 
-    /// Where this lock's waiters listen: a release wakes one per process.
+    /// Where this lock's waiters listen: a release wakes one per process
+    /// (one queued process, for a reentrant lock with processes queued).
     pub(crate) fn waiters(&self) -> Waiters<'_> {
         Waiters {
             router: self.router(),
@@ -625,6 +626,9 @@ impl Lock {
             },
             recheck: NO_TTL_RECHECK,
             kind: Some(self.kind.label()),
+            // The reentrant lock queues the processes of its waiters.
+            client: matches!(self.kind, Kind::Plain | Kind::Fenced)
+                .then_some(self.shared.uuid.as_str()),
         }
     }
 
@@ -636,10 +640,14 @@ impl Lock {
 
     /// [`attempt`](Lock::attempt), tried again (up to the client's
     /// `retry_attempts`) while too few replicas confirm the acquisition.
-    pub(crate) fn attempt_synced(&self, terms: &Terms) -> Result<Attempt<LockGuard>> {
+    pub(crate) fn attempt_synced(
+        &self,
+        terms: &Terms,
+        queued: Option<&Queued>,
+    ) -> Result<Attempt<LockGuard>> {
         let mut tries = 0;
         loop {
-            match self.attempt(terms) {
+            match self.attempt(terms, queued) {
                 Err(e) if e.is_replica_sync() && tries < self.router().retry_attempts() => {
                     tries += 1;
                 }
@@ -655,9 +663,9 @@ impl Lock {
     }
 
     /// One acquire script call; registers the hold before returning a guard.
-    fn attempt(&self, terms: &Terms) -> Result<Attempt<LockGuard>> {
+    fn attempt(&self, terms: &Terms, queued: Option<&Queued>) -> Result<Attempt<LockGuard>> {
         let request = self.prepare(terms);
-        let reply = self.send(&request);
+        let reply = self.send(&request, queued);
         self.finish(terms, request, reply)
     }
 
@@ -741,11 +749,11 @@ impl Lock {
     /// The acquire command of `request` (EVALSHA), for a round trip shared
     /// with other requests.
     pub(crate) fn command(&self, r: &Request) -> redis::Cmd {
-        self.script(r).command()
+        self.script(r, None).command()
     }
 
     /// The acquire script's request for `r`.
-    fn script<'a>(&'a self, r: &'a Request) -> scripts::Acquire<'a> {
+    fn script<'a>(&'a self, r: &'a Request, queued: Option<&Queued<'a>>) -> scripts::Acquire<'a> {
         scripts::Acquire {
             lock: self.lock_ref(r),
             marker: &r.marker,
@@ -758,6 +766,7 @@ impl Lock {
             writer: &r.writer,
             place_ms: r.place_ms,
             requeue: r.requeue,
+            queue: queued.copied(),
         }
     }
 
@@ -782,8 +791,12 @@ impl Lock {
     }
 
     /// Sends `request` on its own (one round trip, routed).
-    pub(crate) fn send(&self, r: &Request) -> Result<(AcquireReply, Synced)> {
-        let script = self.script(r);
+    pub(crate) fn send(
+        &self,
+        r: &Request,
+        queued: Option<&Queued>,
+    ) -> Result<(AcquireReply, Synced)> {
+        let script = self.script(r, queued);
         self.router()
             .run_synced(&self.name, |conn| script.run(conn))
     }
@@ -878,7 +891,7 @@ impl Lock {
                     shared
                         .watchdog
                         .report_lost(&old, "its key or owner field is gone from redis");
-                    return self.attempt(terms);
+                    return self.attempt(terms, None);
                 }
                 return Ok(Attempt::Busy(None));
             }

@@ -574,7 +574,7 @@ impl Group {
             .map(|(m, r)| m.command(r).get_packed_command())
             .collect();
         let replies = one_round_trip(&targets, packed, AcquireReply::parse, |i| {
-            self.members[i].send(&requests[i])
+            self.members[i].send(&requests[i], None)
         });
         let mut round = Round {
             guards: Vec::new(),

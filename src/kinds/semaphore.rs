@@ -97,6 +97,7 @@ impl Names {
             rule: WakeRule::Permits,
             recheck: PERMIT_RECHECK,
             kind: Some(self.kind),
+            client: None,
         }
     }
 
@@ -482,7 +483,7 @@ impl Semaphore {
         let names = &self.names;
         names
             .waiters()
-            .acquire(wait.deadline(), || names.synced(|| self.attempt(permits)))
+            .acquire(wait.deadline(), |_| names.synced(|| self.attempt(permits)))
     }
 
     fn attempt(&self, permits: u64) -> Result<Attempt<SemaphorePermits>> {

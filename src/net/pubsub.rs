@@ -83,8 +83,8 @@ const UNCONFIRMED_RECHECK: Duration = Duration::from_millis(100);
 const MIN_PING_INTERVAL: Duration = Duration::from_millis(100);
 const MAX_PING_INTERVAL: Duration = Duration::from_secs(1);
 /// The hint in the error of a SUBSCRIBE refused for lack of permissions.
-const GRANT_HINT: &str =
-    "grant the user the release channels, e.g. ACL SETUSER <user> &redisson_lock__channel:*";
+const GRANT_HINT: &str = "grant the user the release channels, e.g. ACL SETUSER <user> \
+     &redisson_lock__channel:* (and &redlease_wake:*, a reentrant lock's waiters' own)";
 
 /// Reads from the serving connection while other threads write to it, and
 /// keeps it honest: the socket's read timeout is the next liveness event
@@ -310,7 +310,10 @@ impl Latch {
 
     fn fail(&self, e: &redis::RedisError) {
         let mut state = self.state.lock();
-        state.failed = Some(e.clone());
+        // The first refusal stands (the lock's release channel comes first).
+        if state.failed.is_none() {
+            state.failed = Some(e.clone());
+        }
         self.wake.notify_all();
         state.tell_watchers();
     }
@@ -520,59 +523,82 @@ impl PubSub {
         Ok(())
     }
 
-    /// Subscribes a waiter of lock `lock` to `channel` and waits (until
-    /// `deadline`, at most one response timeout) for Redis to confirm. An
-    /// unconfirmed subscription still works once the connection is back (it
-    /// is sent again then); until then waits are bounded by the holder's
-    /// lease, and the connection is checked with a PING at once.
+    /// Subscribes a waiter of lock `lock` to `channels` (one wake-up for
+    /// the lock's waiters of this process, whichever channel brings it) and
+    /// waits (until `deadline`, at most one response timeout) for Redis to
+    /// confirm. An unconfirmed subscription still works once the connection
+    /// is back (it is sent again then); until then waits are bounded by the
+    /// holder's lease, and the connection is checked with a PING at once.
     ///
-    /// Errors: Redis refused the SUBSCRIBE (the message names the channel and
+    /// Errors: Redis refused a SUBSCRIBE (the message names the channel and
     /// what to grant), or the subscriber thread cannot start.
     pub(crate) fn subscribe(
         &self,
-        channel: &str,
+        channels: &[&str],
         lock: &str,
         rule: WakeRule,
         deadline: Option<Instant>,
     ) -> Result<Subscription> {
         self.ensure_started()?;
         let inner = &*self.inner;
-        let (chan, latch, created) = {
+        let (chans, latch, created) = {
             let mut map = inner.channels.lock();
-            let (chan, created) = match map.get(channel) {
-                Some(c) => (Arc::clone(c), false),
-                None => {
-                    let cmd = inner.command(true, channel);
-                    let mut out = inner.out.lock();
-                    let c = Arc::new(Channel {
-                        name: channel.to_owned(),
-                        sub_seq: out.next_seq,
-                        confirmed: AtomicBool::new(false),
-                        latches: Mutex::new(HashMap::new()),
-                    });
-                    out.push(&cmd, Some(Arc::clone(&c)));
-                    drop(out);
-                    map.insert(channel.to_owned(), Arc::clone(&c));
-                    (c, true)
+            let mut chans: Vec<Arc<Channel>> = Vec::with_capacity(channels.len());
+            let mut created = false;
+            for channel in channels {
+                let chan = match map.get(*channel) {
+                    Some(c) => Arc::clone(c),
+                    None => {
+                        let cmd = inner.command(true, channel);
+                        let mut out = inner.out.lock();
+                        let c = Arc::new(Channel {
+                            name: (*channel).to_owned(),
+                            sub_seq: out.next_seq,
+                            confirmed: AtomicBool::new(false),
+                            latches: Mutex::new(HashMap::new()),
+                        });
+                        out.push(&cmd, Some(Arc::clone(&c)));
+                        drop(out);
+                        map.insert((*channel).to_owned(), Arc::clone(&c));
+                        created = true;
+                        c
+                    }
+                };
+                chans.push(chan);
+            }
+            // One latch for the lock over all its channels: the first
+            // channel's, unless it has moved (another of its channels left
+            // this node first: its waiters are on their way elsewhere).
+            let latch = match chans.first() {
+                Some(first) => {
+                    let mut latches = first.latches.lock();
+                    let latch = latches
+                        .entry(lock.to_owned())
+                        .or_insert_with(|| Arc::new(Latch::new(rule)));
+                    if latch.state.lock().moved.is_some() {
+                        *latch = Arc::new(Latch::new(rule));
+                    }
+                    Arc::clone(latch)
                 }
+                None => Arc::new(Latch::new(rule)),
             };
-            let latch = Arc::clone(
+            for chan in chans.iter().skip(1) {
                 chan.latches
                     .lock()
-                    .entry(lock.to_owned())
-                    .or_insert_with(|| Arc::new(Latch::new(rule))),
-            );
+                    .insert(lock.to_owned(), Arc::clone(&latch));
+            }
             latch.state.lock().waiters += 1;
-            (chan, latch, created)
+            (chans, latch, created)
         };
         if created {
             inner.flush();
             // A cluster node's subscriber idles without channels: wake it.
             let _ = inner.kick.0.try_send(());
         }
+        let last_seq = chans.iter().map(|c| c.sub_seq).max().unwrap_or(0);
         let subscription = Subscription {
             inner: Arc::clone(&self.inner),
-            channel: chan,
+            channels: chans,
             lock: lock.to_owned(),
             latch,
             held: Cell::new(false),
@@ -583,7 +609,7 @@ impl PubSub {
         if let Some(d) = deadline {
             until = until.min(d);
         }
-        let acked = inner.wait_acked(subscription.channel.sub_seq, until);
+        let acked = inner.wait_acked(last_seq, until);
         subscription.check()?;
         if !acked {
             // No answer in time: the link may be silent. Find out now rather
@@ -622,11 +648,13 @@ pub(crate) enum Wake {
     Moved(Option<String>),
 }
 
-/// A waiter's subscription to one lock's release channel; unsubscribes on
-/// drop, and passes on a wake-up it took but did not use.
+/// A waiter's subscription to one lock's release channel (and its
+/// process's wake-up channel, if any); unsubscribes on drop, and passes on a
+/// wake-up it took but did not use.
 pub(crate) struct Subscription {
     inner: Arc<Inner>,
-    channel: Arc<Channel>,
+    /// Never empty: the lock's channel first.
+    channels: Vec<Arc<Channel>>,
     lock: String,
     latch: Arc<Latch>,
     /// A wake-up was taken and its retry has not been answered yet.
@@ -665,7 +693,7 @@ impl Subscription {
             if self.latch.wake.wait_until(&mut state, at).timed_out() {
                 return Ok(self.take(&mut state)?.unwrap_or(Wake::TimedOut));
             }
-            if at == until && !self.channel.confirmed.load(Ordering::Acquire) {
+            if at == until && !self.confirmed() {
                 at = self.bound(until);
             }
         }
@@ -678,7 +706,7 @@ impl Subscription {
     /// up to the response timeout. Once confirmed, `until` stands: on a
     /// healthy link a waiter waits for the message.
     pub(crate) fn bound(&self, until: Instant) -> Instant {
-        if self.channel.confirmed.load(Ordering::Acquire) {
+        if self.confirmed() {
             self.recheck.set(UNCONFIRMED_RECHECK);
             return until;
         }
@@ -732,6 +760,19 @@ impl Subscription {
         self.held.set(false);
     }
 
+    /// Whether Redis acknowledged every channel's SUBSCRIBE on the current
+    /// connection.
+    fn confirmed(&self) -> bool {
+        self.channels
+            .iter()
+            .all(|c| c.confirmed.load(Ordering::Acquire))
+    }
+
+    /// Other waiters of this lock in this process wait too.
+    pub(crate) fn others_waiting(&self) -> bool {
+        self.latch.state.lock().waiters > 1
+    }
+
     fn check(&self) -> Result<()> {
         match &self.latch.state.lock().failed {
             Some(e) => Err(Error::Redis(e.clone())),
@@ -745,7 +786,6 @@ impl Drop for Subscription {
         let inner = &*self.inner;
         let queued = {
             let mut map = inner.channels.lock();
-            let mut latches = self.channel.latches.lock();
             let remaining = {
                 let mut state = self.latch.state.lock();
                 state.waiters = state.waiters.saturating_sub(1);
@@ -757,25 +797,28 @@ impl Drop for Subscription {
                 }
                 state.waiters
             };
-            if remaining == 0
-                && latches
-                    .get(&self.lock)
-                    .is_some_and(|l| Arc::ptr_eq(l, &self.latch))
-            {
-                latches.remove(&self.lock);
+            let mut queued = false;
+            for channel in &self.channels {
+                let mut latches = channel.latches.lock();
+                if remaining == 0
+                    && latches
+                        .get(&self.lock)
+                        .is_some_and(|l| Arc::ptr_eq(l, &self.latch))
+                {
+                    latches.remove(&self.lock);
+                }
+                if latches.is_empty()
+                    && map
+                        .get(&channel.name)
+                        .is_some_and(|c| Arc::ptr_eq(c, channel))
+                {
+                    map.remove(&channel.name);
+                    let cmd = inner.command(false, &channel.name);
+                    inner.out.lock().push_unsubscribe(&cmd, &channel.name);
+                    queued = true;
+                }
             }
-            if latches.is_empty()
-                && map
-                    .get(&self.channel.name)
-                    .is_some_and(|c| Arc::ptr_eq(c, &self.channel))
-            {
-                map.remove(&self.channel.name);
-                let cmd = inner.command(false, &self.channel.name);
-                inner.out.lock().push_unsubscribe(&cmd, &self.channel.name);
-                true
-            } else {
-                false
-            }
+            queued
         };
         if queued {
             inner.flush();

@@ -12,7 +12,15 @@
 -- ARGV[4] generation: this request's id, written to the field <owner>:gen so
 --         that a renewal taken for an earlier state of the hold cannot apply
 -- ARGV[5] '1' when fenced, else '0'
--- ARGV[6] TTL in ms of the earlier requests' keys (given only with them)
+-- ARGV[6] TTL in ms of the earlier requests' keys (given with them, and
+--         whenever ARGV[7] is)
+-- ARGV[7] a waiter that listens for its process's wake-up (queue_lib.lua):
+--         'q' to queue its process if busy, and keep it queued if acquired
+--         (other waiters of the process still wait), 'l' the same but leave
+--         the queue if acquired; then the last key is the queue
+-- ARGV[8] with ARGV[7]: the process's wake-up channel (its queue entry)
+-- ARGV[9] with ARGV[7]: the longest the caller waits before it tries again,
+--         in ms (its entry outlives that)
 -- Returns nil when acquired ({token} when fenced), -3 when the caller already
 -- cancelled this request, -4 when the caller believes it holds the lock
 -- (re-entry) but its field is gone (its holds were lost: lease ran out,
@@ -26,8 +34,35 @@ local first = 3
 if fenced then
     first = 4
 end
-for i = first, #KEYS do
+local last = #KEYS
+local queue
+if ARGV[7] then
+    queue = KEYS[last]
+    last = last - 1
+end
+for i = first, last do
     redis.call('set', KEYS[i], 1, 'px', ARGV[6])
+end
+-- Queues this process (its entry outliving the caller's next try: the
+-- holder's lease or the caller's wait, whichever ends first) and marks the
+-- hash, so that a release wakes a queued process rather than all waiters.
+-- Left out where the ACL forbids it: the release then wakes everyone.
+local function join(wait, mark)
+    local now = now_ms()
+    if not now then
+        return
+    end
+    local until_ms = now + wait + 2000
+    local added = redis.pcall('zadd', queue, until_ms, ARGV[8])
+    if type(added) == 'table' and added.err then
+        return
+    end
+    if redis.call('pttl', queue) < wait + 2000 then
+        redis.call('pexpire', queue, wait + 2000)
+    end
+    if mark then
+        redis.call('hset', KEYS[1], QUEUED, 1)
+    end
 end
 -- One call tells the usual case: the lock is free and this request was not
 -- cancelled.
@@ -43,8 +78,26 @@ else
     mine = redis.call('hexists', KEYS[1], ARGV[2]) == 1
 end
 if mine then
-    redis.call('hset', KEYS[1], ARGV[2], ARGV[3], ARGV[2] .. ':gen', ARGV[4])
+    if ARGV[7] == 'q' then
+        -- Other waiters of this process still wait: it stays queued, and
+        -- the hash says so.
+        redis.call('hset', KEYS[1], ARGV[2], ARGV[3], ARGV[2] .. ':gen', ARGV[4], QUEUED, 1)
+    else
+        redis.call('hset', KEYS[1], ARGV[2], ARGV[3], ARGV[2] .. ':gen', ARGV[4])
+    end
     redis.call('pexpire', KEYS[1], ARGV[1])
+    if queue then
+        if ARGV[7] == 'q' then
+            join(math.max(tonumber(ARGV[1]), tonumber(ARGV[9])), false)
+        else
+            redis.pcall('zrem', queue, ARGV[8])
+            -- Other processes still queued: this hold's release wakes one.
+            local n = redis.pcall('zcard', queue)
+            if type(n) == 'number' and n > 0 then
+                redis.call('hset', KEYS[1], QUEUED, 1)
+            end
+        end
+    end
     if fenced then
         return {redis.call('incr', KEYS[3])}
     end
@@ -53,4 +106,12 @@ end
 if tonumber(ARGV[3]) > 1 then
     return -4
 end
-return redis.call('pttl', KEYS[1])
+local ttl = redis.call('pttl', KEYS[1])
+if queue then
+    local wait = tonumber(ARGV[9])
+    if ttl > 0 and ttl < wait then
+        wait = ttl
+    end
+    join(wait, true)
+end
+return ttl

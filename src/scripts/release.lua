@@ -1,7 +1,8 @@
 -- Release one hold of a reentrant lock (Redisson RLock layout), or of a
 -- fair lock: the part prepended to this one (release_plain.lua,
 -- fair_release.lua) says where the unsettled keys start (FIRST_UNSETTLED)
--- and whom a full release wakes (wake_waiters).
+-- and whom a full release wakes (wake_waiters, told whether the hash marks
+-- queued waiters).
 -- KEYS[1] lock hash   KEYS[2] release channel   KEYS[3] unlock latch of this request
 -- KEYS[FIRST_UNSETTLED..] keys of this owner's unsettled requests (see
 --           acquire.lua), set here so they can no longer apply
@@ -38,16 +39,19 @@ if tonumber(ARGV[2]) > 0 then
     redis.call('set', KEYS[3], 0, 'px', ARGV[4])
     return 0
 end
-if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
+-- The owner's count, and whether redlease waiters are queued (see
+-- queue_lib.lua; the fair lock's hash never says so).
+local state = redis.call('hmget', KEYS[1], ARGV[1], 'redlease:waiting')
+if not state[1] then
     redis.call('set', KEYS[3], 'n', 'px', ARGV[4])
     return nil
 end
 -- Publish before deleting: a user whose ACL lacks the channel stops the
 -- script here with nothing changed. Subscribers get the message only after
 -- the script has run, so no waiter can see the lock still held.
-wake_waiters()
--- The owner's fields are the only ones a lock hash has: removing them removes
--- the key (as Redisson's DEL does).
-redis.call('hdel', KEYS[1], ARGV[1], ARGV[1] .. ':gen')
+wake_waiters(state[2])
+-- The owner's fields (and the queue's mark) are the only ones a lock hash
+-- has: removing them removes the key (as Redisson's DEL does).
+redis.call('hdel', KEYS[1], ARGV[1], ARGV[1] .. ':gen', 'redlease:waiting')
 redis.call('set', KEYS[3], 1, 'px', ARGV[4])
 return 1

@@ -154,6 +154,30 @@ impl Monitor {
         (addr != "lua").then_some(addr)
     }
 
+    /// Every line Redis ran up to an `ECHO` of `marker` that this sends
+    /// now (not included), for 10 s at most; panics otherwise.
+    #[allow(dead_code)]
+    pub fn lines_until_echo(&mut self, srv: &RedisServer, marker: &str) -> Vec<String> {
+        assert_eq!(srv.cmd(&["ECHO", marker]), marker);
+        let needle = format!("\"ECHO\" \"{marker}\"");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut out = Vec::new();
+        loop {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out after 10 s reading MONITOR up to ECHO {marker}"
+            );
+            let mut line = String::new();
+            self.lines
+                .read_line(&mut line)
+                .unwrap_or_else(|e| panic!("reading MONITOR up to ECHO {marker}: {e}"));
+            if line.contains(&needle) {
+                return out;
+            }
+            out.push(line);
+        }
+    }
+
     /// Reads until `count` lines matching `pred` were seen, for 10 s at most
     /// in all (other commands' lines do not extend it); panics saying `what`
     /// it waited for otherwise.

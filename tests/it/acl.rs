@@ -16,9 +16,10 @@ use crate::support::{wait_until, RedisServer};
 /// `orders:*` (keep in sync with docs/production.md).
 pub(crate) const LOCKER_RULE: &str = "on >lockpw resetkeys ~orders:* ~redisson_lock__channel:* \
     ~redisson_unlock_latch:* ~redlease_acquire_cancel:* ~redlease_force_unlock_latch:* \
-    ~redlease_client:* resetchannels &redisson_lock__channel:* -@all +eval +evalsha +exists +get +set +del \
-    +hset +hget +hmget +hexists +hdel +pexpire +pttl +publish +subscribe +unsubscribe +ping \
-    +role +wait";
+    ~redlease_waiting:* ~redlease_client:* resetchannels &redisson_lock__channel:* \
+    &redlease_wake:* -@all +eval +evalsha +exists +get +set +del +hset +hget +hmget +hexists \
+    +hdel +pexpire +pttl +time +zadd +zrem +zcard +zpopmin +publish +subscribe +unsubscribe \
+    +ping +role +wait";
 
 pub(crate) fn acl(srv: &RedisServer, user: &str, rule: &str) {
     let mut args = vec!["ACL", "SETUSER", user];
@@ -69,10 +70,15 @@ fn readme_acl_rule_runs_every_operation() {
         tx.send(r.map(|g| g.is_some())).unwrap();
         b
     });
-    wait_until("the waiter to subscribe", Duration::from_secs(10), || {
-        a.stats().subscribed_channels == 0
-            && srv.subscribers("redisson_lock__channel:{orders:1}") == 1
-    });
+    wait_until(
+        "the waiter to subscribe and queue",
+        Duration::from_secs(10),
+        || {
+            a.stats().subscribed_channels == 0
+                && srv.subscribers("redisson_lock__channel:{orders:1}") == 1
+                && srv.cmd(&["EXISTS", "redlease_waiting:{orders:1}"]) == "1"
+        },
+    );
     g.unlock().unwrap();
     let got = rx
         .recv_timeout(Duration::from_secs(10))
@@ -88,6 +94,65 @@ fn readme_acl_rule_runs_every_operation() {
         .unwrap();
     assert!(b.lock("orders:2").force_unlock().unwrap());
     assert!(!a.lock("orders:2").is_locked().unwrap());
+}
+
+/// A user without the queue's commands (a rule written before the queue of
+/// waiting processes, with its key and channel added): waits work as before,
+/// every release waking the waiters on the lock's channel, also one that
+/// finds the hash marked by a waiter of the same process.
+#[test]
+fn a_rule_without_the_queue_commands_still_wakes_waiters() {
+    let srv = RedisServer::start();
+    let rule = LOCKER_RULE
+        .split_whitespace()
+        .filter(|t| !matches!(*t, "+time" | "+zadd" | "+zrem" | "+zcard" | "+zpopmin"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    acl(&srv, "locker", &rule);
+    let client = || {
+        Client::builder(url_as(&srv, "locker", "lockpw"))
+            .build()
+            .expect("the user connects")
+    };
+    let (a, b) = (client(), client());
+    let g = a.lock("orders:7").lock().unwrap();
+    // Two waiters of one client: the first to get the lock knows the other
+    // still waits and marks the hash; its release must still wake it.
+    let (tx, rx) = mpsc::channel();
+    for _ in 0..2 {
+        let lock = b.lock("orders:7");
+        let tx = tx.clone();
+        thread::spawn(move || {
+            let r = lock.try_lock_for(Duration::from_secs(20)).map(|g| {
+                let held = g.is_some();
+                thread::sleep(Duration::from_millis(50));
+                drop(g);
+                held
+            });
+            tx.send((r, Instant::now())).unwrap();
+        });
+    }
+    wait_until("both waiters to try twice", Duration::from_secs(10), || {
+        b.stats().subscribed_channels == 2 && b.stats().round_trips >= 4
+    });
+    let released = Instant::now();
+    g.unlock().unwrap();
+    for _ in 0..2 {
+        let (r, at) = rx
+            .recv_timeout(Duration::from_secs(15))
+            .expect("waiter ended");
+        assert!(
+            r.expect("no error without the queue"),
+            "the waiter acquired"
+        );
+        assert!(
+            at - released < Duration::from_secs(5),
+            "woken by a release, not the 30 s lease ({:?})",
+            at - released
+        );
+    }
+    assert_eq!(srv.cmd(&["EXISTS", "redlease_waiting:{orders:7}"]), "0");
+    assert_eq!(srv.cmd(&["EXISTS", "orders:7"]), "0", "no mark left behind");
 }
 
 /// A wrong password is an `is_auth()` error at once, from `build()` and

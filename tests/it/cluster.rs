@@ -303,13 +303,22 @@ fn a_held_lock_follows_its_slot_and_its_waiter_is_woken() {
             .map(|_| Instant::now());
         tx.send(got).expect("report");
     });
-    wait_until("the waiter subscribed at the source", WAIT, || {
-        shard_subscribers(from, &channel(name)) == 1
-    });
+    wait_until(
+        "the waiter subscribed and queued at the source",
+        WAIT,
+        || {
+            shard_subscribers(from, &channel(name)) == 1
+                && from.cmd(&["EXISTS", &format!("redlease_waiting:{{{name}}}")]) == "1"
+        },
+    );
 
     // The key moves; the slot is still the source's (ASK).
     cluster.begin_migration(slot, to);
-    assert_eq!(cluster.migrate_keys(slot), 1, "the lock hash moved");
+    assert_eq!(
+        cluster.migrate_keys(slot),
+        2,
+        "the lock hash and its queue of waiting processes moved"
+    );
     let renewed = holder.stats().renewals;
     wait_until("a renewal during the migration", WAIT, || {
         holder.stats().renewals >= renewed + 2

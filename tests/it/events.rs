@@ -96,7 +96,7 @@ fn a_wait_and_a_hand_off_in_order() {
         })
     };
     wait_until("the waiter to subscribe", WAIT, || {
-        b.stats().subscribed_channels == 1
+        b.stats().subscribed_channels == 2
     });
     drop(again);
     drop(g);

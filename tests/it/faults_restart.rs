@@ -177,7 +177,7 @@ fn restart_loses_held_locks_and_wakes_waiters() {
         2,
     );
     assert!(srv.ping(Duration::from_secs(5)));
-    assert_eq!(waiter.stats().subscribed_channels, 1);
+    assert_eq!(waiter.stats().subscribed_channels, 2);
 
     srv.kill();
     let killed = Instant::now();

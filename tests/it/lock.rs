@@ -286,7 +286,7 @@ fn reentry_counts_and_release_in_any_order() {
     // A waiter on another thread of the same client.
     let waiter = Holder::spawn(lock.clone(), |l| l.lock().map(Some));
     wait_until("the waiter to subscribe", WAIT, || {
-        client.stats().subscribed_channels == 1
+        client.stats().subscribed_channels == 2
     });
 
     g2.unlock().unwrap();
@@ -405,7 +405,7 @@ fn try_lock_for_and_until_give_up_at_their_deadline() {
     // Duration::MAX is "no deadline": acquires once the holder lets go.
     let forever = Holder::spawn(lock.clone(), |l| l.try_lock_for(Duration::MAX));
     wait_until("the try_lock_for(MAX) waiter to subscribe", WAIT, || {
-        client.stats().subscribed_channels == 1
+        client.stats().subscribed_channels == 2
     });
     assert!(!forever.has_acquired());
     holder.release().unwrap();
@@ -433,7 +433,7 @@ fn waiter_is_woken_by_pubsub_long_before_the_lease() {
         let holder = Holder::holding(holder_client.lock("handoff"));
         let waiter = Holder::spawn(waiter_client.lock("handoff"), |l| l.lock().map(Some));
         wait_until("the waiter to subscribe", WAIT, || {
-            waiter_client.stats().subscribed_channels == 1
+            waiter_client.stats().subscribed_channels == 2
         });
         let remaining = waiter_client
             .lock("handoff")
@@ -517,7 +517,7 @@ fn force_unlock_frees_wakes_and_the_holder_learns() {
     let holder = Holder::holding(a.lock("forced"));
     let waiter = Holder::spawn(b.lock("forced"), |l| l.lock().map(Some));
     wait_until("the waiter to subscribe", WAIT, || {
-        b.stats().subscribed_channels == 1
+        b.stats().subscribed_channels == 2
     });
     let forced = Instant::now();
     assert!(admin.force_unlock().unwrap(), "a held lock is deleted");
@@ -557,7 +557,7 @@ fn holder_without_a_lease_is_rechecked() {
     assert!(lock.try_lock().unwrap().is_none());
     let waiter = Holder::spawn(lock.clone(), |l| l.lock().map(Some));
     wait_until("the waiter to subscribe", WAIT, || {
-        client.stats().subscribed_channels == 1
+        client.stats().subscribed_channels == 2
     });
     let deleted = Instant::now();
     assert_eq!(srv.cmd(&["DEL", "no-ttl"]), "1"); // no PUBLISH
@@ -1109,7 +1109,7 @@ fn binary_safe_names() {
         // Hand-off to another client through pub/sub.
         let waiter = Holder::spawn(b.lock(name), |l| l.lock().map(Some));
         wait_until("the waiter to subscribe", WAIT, || {
-            b.stats().subscribed_channels == 1
+            b.stats().subscribed_channels == 2
         });
         g2.unlock().unwrap();
         assert!(!waiter.has_acquired());

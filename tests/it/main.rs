@@ -24,6 +24,7 @@ mod faults_pubsub;
 mod faults_restart;
 mod faults_stall;
 mod fenced;
+mod handoff;
 mod inspect;
 mod latch;
 mod lock;

@@ -471,7 +471,7 @@ fn kill_holder_and_measure(role: &str) -> Duration {
         let _ = tx.send(result.map_err(|e| e.to_string()));
     });
     wait_until("the waiter to block in lock()", WAIT, || {
-        client.stats().subscribed_channels == 1
+        client.stats().subscribed_channels == 2
     });
     let pttl: i64 = redis::cmd("PTTL").arg(LOCK).query(&mut srv.conn()).unwrap();
     assert!(

@@ -5,8 +5,12 @@
 
 use crate::support::RedisServer;
 
-const ACQUIRE_LUA: &str = include_str!("../../src/scripts/acquire.lua");
+const ACQUIRE_LUA: &str = concat!(
+    include_str!("../../src/scripts/queue_lib.lua"),
+    include_str!("../../src/scripts/acquire.lua")
+);
 const RELEASE_LUA: &str = concat!(
+    include_str!("../../src/scripts/queue_lib.lua"),
     include_str!("../../src/scripts/release_plain.lua"),
     include_str!("../../src/scripts/release.lua")
 );

@@ -474,7 +474,7 @@ fn cluster_over_mutual_tls() {
         tx.send(got).expect("report");
     });
     wait_until("the waiter's subscription", Duration::from_secs(10), || {
-        b.stats().subscribed_channels == 1
+        b.stats().subscribed_channels == 2
     });
     let released = Instant::now();
     drop(guards);

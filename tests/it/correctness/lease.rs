@@ -20,11 +20,15 @@ fn sha(source: &str) -> Vec<u8> {
 }
 
 fn acquire_sha() -> Vec<u8> {
-    sha(include_str!("../../../src/scripts/acquire.lua"))
+    sha(concat!(
+        include_str!("../../../src/scripts/queue_lib.lua"),
+        include_str!("../../../src/scripts/acquire.lua")
+    ))
 }
 
 fn release_sha() -> Vec<u8> {
     sha(concat!(
+        include_str!("../../../src/scripts/queue_lib.lua"),
         include_str!("../../../src/scripts/release_plain.lua"),
         include_str!("../../../src/scripts/release.lua")
     ))
@@ -48,8 +52,12 @@ fn server_with(args: &[&str]) -> RedisServer {
     let srv = RedisServer::start_with_args(args);
     let mut conn = srv.conn();
     for source in [
-        include_str!("../../../src/scripts/acquire.lua"),
         concat!(
+            include_str!("../../../src/scripts/queue_lib.lua"),
+            include_str!("../../../src/scripts/acquire.lua")
+        ),
+        concat!(
+            include_str!("../../../src/scripts/queue_lib.lua"),
             include_str!("../../../src/scripts/release_plain.lua"),
             include_str!("../../../src/scripts/release.lua")
         ),

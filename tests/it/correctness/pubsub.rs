@@ -37,17 +37,23 @@ fn server() -> RedisServer {
     let srv = RedisServer::start();
     let _: String = redis::cmd("SCRIPT")
         .arg("LOAD")
-        .arg(include_str!("../../../src/scripts/acquire.lua"))
+        .arg(concat!(
+            include_str!("../../../src/scripts/queue_lib.lua"),
+            include_str!("../../../src/scripts/acquire.lua")
+        ))
         .query(&mut srv.conn())
         .expect("SCRIPT LOAD");
     srv
 }
 
 fn acquire_sha() -> Vec<u8> {
-    redis::Script::new(include_str!("../../../src/scripts/acquire.lua"))
-        .get_hash()
-        .as_bytes()
-        .to_vec()
+    redis::Script::new(concat!(
+        include_str!("../../../src/scripts/queue_lib.lua"),
+        include_str!("../../../src/scripts/acquire.lua")
+    ))
+    .get_hash()
+    .as_bytes()
+    .to_vec()
 }
 
 /// A holder client straight to the server, with a 30 s watchdog lease: a
@@ -244,7 +250,11 @@ fn locks_sharing_a_channel_do_not_strand_each_others_waiters() {
     wait_attempts(&mut monitor, &waiters, BRACED, 2);
     let t_k = spawn_waiter(&waiters, K, Duration::from_secs(20), &tx);
     wait_attempts(&mut monitor, &waiters, K, 2);
-    assert_eq!(waiters.stats().subscribed_channels, 1, "one shared channel");
+    assert_eq!(
+        waiters.stats().subscribed_channels,
+        2,
+        "one shared channel, one shared wake-up channel"
+    );
 
     let released = Instant::now();
     guard_k.unlock().expect("release k");

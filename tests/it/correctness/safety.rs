@@ -141,8 +141,12 @@ fn randomized_faults_never_let_two_holders_believe_at_once() {
         let mut rng = Rng::new(seed ^ 0xFA17);
         thread::spawn(move || {
             let scripts = [
-                sha(include_str!("../../../src/scripts/acquire.lua")),
                 sha(concat!(
+                    include_str!("../../../src/scripts/queue_lib.lua"),
+                    include_str!("../../../src/scripts/acquire.lua")
+                )),
+                sha(concat!(
+                    include_str!("../../../src/scripts/queue_lib.lua"),
                     include_str!("../../../src/scripts/release_plain.lua"),
                     include_str!("../../../src/scripts/release.lua")
                 )),

@@ -1,0 +1,45 @@
+-- The queue of waiting processes of a reentrant lock (redlease's own):
+-- a sorted set redlease_waiting:{<name>} of wake-up channels
+-- (redlease_wake:{<name>}:<client-uuid>, one per process that waits for the
+-- lock), each scored with the time (ms, Redis's clock) after which it counts
+-- as gone. A release that finds the field QUEUED in the lock hash hands the
+-- wake-up to one queued process instead of publishing on the lock's
+-- channel, which every waiting process (and Redisson) listens on: one
+-- process wakes, not all of them.
+local QUEUED = 'redlease:waiting'
+
+-- Redis's clock in ms, or nil where the ACL forbids TIME.
+local function now_ms()
+    local t = redis.pcall('time')
+    if type(t) ~= 'table' or t.err then
+        return nil
+    end
+    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Wakes one queued process: the first whose entry has not run out and that
+-- still listens (a process that died has no subscriber: PUBLISH counts none),
+-- removing every entry it passes; if none, publishes '0' on the lock's
+-- channel (every waiter, Redisson's included, wakes). What the caller's ACL
+-- forbids (the queue, the wake-up channels: another process with another
+-- user may have queued) ends the search there, never the script.
+local function wake_queued(queue, channel, publish)
+    local now = now_ms()
+    while now do
+        local e = redis.pcall('zpopmin', queue)
+        if type(e) ~= 'table' or e.err or #e == 0 then
+            break
+        end
+        if tonumber(e[2]) >= now then
+            local n = redis.pcall(publish, e[1], 0)
+            if type(n) ~= 'number' then
+                break
+            end
+            if n > 0 then
+                return
+            end
+        end
+    end
+    redis.call(publish, channel, 0)
+end
+

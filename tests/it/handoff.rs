@@ -1,0 +1,262 @@
+//! The reentrant lock's queue of waiting processes (each `Client` here
+//! stands for a process: its own client id, subscriber and wake-up channel):
+//! a release wakes one queued client, not every waiting one; a waiter that
+//! gives up after its client was woken passes the wake-up on; a queued
+//! client that is gone (no subscriber) is skipped; Redisson's waiters are
+//! woken by the release that leaves nobody queued; nothing is left behind.
+//!
+//! Each test fails on the code before the part it pins: without the queue
+//! every waiting client tries at each release; without leave.lua a waiter
+//! behind one that gave up sleeps until the holder's lease; without the
+//! subscriber count a release wakes a client that is gone and nobody else.
+
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redlease::Client;
+
+use crate::faults_common::{is_acquire_of, warm_subscriber, Monitor};
+use crate::support::{wait_until, Fault, Proxy, RedisServer};
+
+const WAIT: Duration = Duration::from_secs(10);
+/// A hand-off by a release message comes well within this; every holder's
+/// lease here is 30 s, so only a message explains an acquisition inside it.
+const HANDOFF_BOUND: Duration = Duration::from_secs(5);
+
+fn client(url: &str) -> Client {
+    Client::builder(url)
+        .watchdog_timeout(Duration::from_secs(30))
+        .build()
+        .expect("client connects to the test server")
+}
+
+fn queue(name: &str) -> String {
+    format!("redlease_waiting:{{{name}}}")
+}
+
+fn wake_channel(name: &str, c: &Client) -> String {
+    format!("redlease_wake:{{{name}}}:{}", c.id())
+}
+
+/// Waits for the lock on another thread: sends `(index, acquired at)` (or
+/// `None` at the deadline), then holds it until told (or 30 s).
+fn spawn_waiter(
+    c: &Client,
+    name: &'static str,
+    index: usize,
+    wait: Duration,
+    tx: &mpsc::Sender<(usize, Option<Instant>)>,
+) -> mpsc::Sender<()> {
+    let lock = c.lock(name);
+    let tx = tx.clone();
+    let (go, go_rx) = mpsc::channel::<()>();
+    thread::spawn(move || {
+        // An error counts as not acquired.
+        let got = lock.try_lock_for(wait).ok().flatten();
+        let _ = tx.send((index, got.as_ref().map(|_| Instant::now())));
+        if got.is_some() {
+            let _ = go_rx.recv_timeout(Duration::from_secs(30));
+        }
+        drop(got);
+    });
+    go
+}
+
+#[test]
+fn a_release_wakes_one_queued_client_not_every_waiting_one() {
+    const NAME: &str = "q:one";
+    let srv = RedisServer::start();
+    let holder = client(&srv.url());
+    let waiters: Vec<Client> = (0..3).map(|_| client(&srv.url())).collect();
+    for w in &waiters {
+        warm_subscriber(&holder, w);
+    }
+    let mut monitor = Monitor::start(&srv);
+    let g = holder.lock(NAME).lock().expect("holder");
+    let (tx, rx) = mpsc::channel();
+    let go: Vec<_> = waiters
+        .iter()
+        .enumerate()
+        .map(|(i, w)| spawn_waiter(w, NAME, i, Duration::from_secs(20), &tx))
+        .collect();
+    wait_until("three clients queued", WAIT, || {
+        srv.cmd(&["ZCARD", &queue(NAME)]) == "3"
+    });
+    let mut released = Instant::now();
+    drop(g);
+    for n in 0..3 {
+        let (i, at) = rx.recv_timeout(HANDOFF_BOUND * 2).expect("a hand-off");
+        let at = at.unwrap_or_else(|| panic!("waiter {i} gave up"));
+        assert!(
+            at - released < HANDOFF_BOUND,
+            "hand-off {n} took {:?}",
+            at - released
+        );
+        released = Instant::now();
+        go[i].send(()).expect("release");
+    }
+    wait_until("the last holder's release", WAIT, || {
+        srv.cmd(&["EXISTS", NAME]) == "0"
+    });
+    assert_eq!(srv.cmd(&["EXISTS", &queue(NAME)]), "0", "the queue is gone");
+
+    // Each waiter tried three times: at first, once subscribed (queued),
+    // and once woken. With every waiting client woken by every release, the
+    // two left after the first release would have tried again then, and
+    // the last one after the second too.
+    let lines = monitor.lines_until_echo(&srv, "end-of-q-one");
+    for (i, w) in waiters.iter().enumerate() {
+        let tries = lines
+            .iter()
+            .filter(|l| is_acquire_of(l, NAME) && l.contains(w.id()))
+            .count();
+        assert_eq!(tries, 3, "waiter {i}'s acquire attempts");
+    }
+}
+
+/// The library's acquire script's SHA1, as its EVALSHA carries it.
+fn acquire_sha() -> Vec<u8> {
+    redis::Script::new(concat!(
+        include_str!("../../src/scripts/queue_lib.lua"),
+        include_str!("../../src/scripts/acquire.lua")
+    ))
+    .get_hash()
+    .as_bytes()
+    .to_vec()
+}
+
+#[test]
+fn a_waiter_that_gives_up_passes_its_wake_up_on() {
+    const NAME: &str = "q:give-up";
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let holder = client(&srv.url());
+    let quitter = Client::builder(proxy.url())
+        .response_timeout(Duration::from_millis(500))
+        .build()
+        .expect("client through the proxy");
+    let patient = client(&srv.url());
+    warm_subscriber(&holder, &quitter);
+    warm_subscriber(&holder, &patient);
+    let g = holder.lock(NAME).lock().expect("holder");
+
+    // The quitter is queued first in line (its entry runs out first: it
+    // waits 5 s, the other 20 s).
+    let (tx, rx) = mpsc::channel();
+    let _q = spawn_waiter(&quitter, NAME, 0, Duration::from_secs(5), &tx);
+    wait_until("the quitter queued", WAIT, || {
+        !srv.cmd(&["ZSCORE", &queue(NAME), &wake_channel(NAME, &quitter)])
+            .is_empty()
+    });
+    let _p = spawn_waiter(&patient, NAME, 1, Duration::from_secs(20), &tx);
+    wait_until("both clients queued", WAIT, || {
+        srv.cmd(&["ZCARD", &queue(NAME)]) == "2"
+    });
+    // The quitter's next try (the one its wake-up brings) never reaches
+    // Redis: it fails with a timeout, and the quitter gives up.
+    let rule = proxy.add_rule(&acquire_sha(), Fault::BlackHole, 1);
+
+    drop(g);
+    let (first, at) = rx.recv_timeout(WAIT).expect("a waiter returns");
+    assert_eq!(first, 0, "the quitter (woken first) returns first");
+    assert_eq!(at, None, "the quitter's try failed");
+    assert_eq!(proxy.hits(rule), 1, "the quitter was woken and tried");
+    let gave_up = Instant::now();
+    let (second, at) = rx
+        .recv_timeout(WAIT * 2)
+        .expect("the patient waiter returns");
+    assert_eq!(second, 1);
+    let at = at.expect(
+        "the patient waiter got the lock (without the wake-up passed on, it waits for the \
+         holder's 30 s lease, past its 20 s)",
+    );
+    assert!(
+        at.saturating_duration_since(gave_up) < HANDOFF_BOUND,
+        "the wake-up was passed on at once ({:?})",
+        at.saturating_duration_since(gave_up)
+    );
+}
+
+#[test]
+fn a_queued_client_that_is_gone_is_skipped() {
+    const NAME: &str = "q:gone";
+    let srv = RedisServer::start();
+    let holder = client(&srv.url());
+    let waiter = client(&srv.url());
+    warm_subscriber(&holder, &waiter);
+    let g = holder.lock(NAME).lock().expect("holder");
+    let (tx, rx) = mpsc::channel();
+    let _w = spawn_waiter(&waiter, NAME, 0, Duration::from_secs(20), &tx);
+    wait_until("the waiter queued", WAIT, || {
+        srv.cmd(&["ZCARD", &queue(NAME)]) == "1"
+    });
+    // A client that queued and died: its entry first in line, nobody on its
+    // channel.
+    let now_ms: u64 = srv
+        .cmd(&["TIME"])
+        .lines()
+        .next()
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+        * 1000;
+    let dead = format!("redlease_wake:{{{NAME}}}:dead-client");
+    let score = (now_ms + 5_000).to_string();
+    assert_eq!(srv.cmd(&["ZADD", &queue(NAME), &score, &dead]), "1");
+
+    let released = Instant::now();
+    drop(g);
+    let (_, at) = rx.recv_timeout(WAIT).expect("the waiter returns");
+    let at = at.expect("the waiter got the lock");
+    assert!(
+        at - released < HANDOFF_BOUND,
+        "the live client was woken at once ({:?}), not after the holder's lease",
+        at - released
+    );
+    assert_eq!(
+        srv.cmd(&["ZSCORE", &queue(NAME), &dead]),
+        "",
+        "the dead entry is gone"
+    );
+}
+
+#[test]
+fn redisson_waiters_are_woken_once_nobody_is_queued() {
+    const NAME: &str = "q:redisson";
+    let srv = RedisServer::start();
+    let holder = client(&srv.url());
+    let waiter = client(&srv.url());
+    warm_subscriber(&holder, &waiter);
+    // Redisson's waiters listen on the lock's channel.
+    let mut redisson = srv.conn();
+    let mut sub = redisson.as_pubsub();
+    sub.subscribe(format!("redisson_lock__channel:{{{NAME}}}"))
+        .expect("subscribe");
+    sub.set_read_timeout(Some(Duration::from_millis(500)))
+        .expect("read timeout");
+
+    let g = holder.lock(NAME).lock().expect("holder");
+    let (tx, rx) = mpsc::channel();
+    let go = spawn_waiter(&waiter, NAME, 0, Duration::from_secs(20), &tx);
+    wait_until("the waiter queued", WAIT, || {
+        srv.cmd(&["ZCARD", &queue(NAME)]) == "1"
+    });
+    drop(g);
+    let (_, at) = rx.recv_timeout(WAIT).expect("the waiter returns");
+    at.expect("the queued waiter got the lock");
+    // Handed to the queued client: the lock never fell free, so Redisson's
+    // waiters were not told.
+    assert!(
+        sub.get_message().is_err(),
+        "no message on the lock's channel while the lock passed to a queued client"
+    );
+    go.send(()).expect("release");
+    sub.set_read_timeout(Some(WAIT)).expect("read timeout");
+    let msg = sub
+        .get_message()
+        .expect("the last release tells Redisson's waiters");
+    assert_eq!(msg.get_payload::<String>().unwrap(), "0");
+    wait_until("the lock free", WAIT, || srv.cmd(&["EXISTS", NAME]) == "0");
+    assert_eq!(srv.cmd(&["EXISTS", &queue(NAME)]), "0");
+}
