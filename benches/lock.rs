@@ -263,7 +263,7 @@ impl RawPair {
                 .arg(&self.name)
                 .arg(&self.channel)
                 .arg(latch)
-                .arg(format!("redlease_waiting:{{{}}}", self.name))
+                .arg(format!("redlease_waiting:{{{0}}}:{0}", self.name))
                 .arg(&self.field)
                 .arg(0)
                 .arg(lease_ms)

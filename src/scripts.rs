@@ -104,6 +104,11 @@ lua!(
 lua!(pub(crate) RENEW, "scripts/renew.lua");
 
 impl Lua {
+    /// The script's SHA1, as EVALSHA takes it.
+    pub(crate) fn sha(&self) -> &str {
+        self.sha.as_str()
+    }
+
     /// The EVALSHA command; `fill` appends the keys, then the arguments;
     /// `size` is the expected number of bytes they take (to size the buffer
     /// once instead of growing it).
@@ -915,19 +920,48 @@ pub(crate) fn channel_name(name: &str) -> String {
 }
 
 /// The queue of the processes waiting for reentrant lock `name`
-/// (redlease's own, see queue_lib.lua).
+/// (redlease's own, see queue_lib.lua): `redlease_waiting:{<tag>}:<name>`,
+/// in the lock's slot, and its own for every name (`k` and `{k}`, which
+/// share Redisson's channel, have a queue each).
 pub(crate) fn queue_name(name: &str) -> String {
-    prefix_name("redlease_waiting", name, 0)
+    tagged_name("redlease_waiting", name, 0)
 }
 
 /// The wake-up channel of client `client`'s waiters of reentrant lock
-/// `name` (redlease's own): `redlease_wake:{<name>}:<client>`, in the lock's
-/// slot.
+/// `name` (redlease's own): `redlease_wake:{<tag>}:<name>:<client>`, in the
+/// lock's slot.
 pub(crate) fn wake_channel_name(name: &str, client: &str) -> String {
-    let mut s = prefix_name("redlease_wake", name, client.len() + 1);
+    let mut s = tagged_name("redlease_wake", name, client.len() + 1);
     s.push(':');
     s.push_str(client);
     s
+}
+
+/// `<prefix>:{<tag>}:<name>`: a name of redlease's own in `name`'s slot
+/// (`<tag>` is what Redis hashes of `name`: its hash tag, or all of it),
+/// distinct for every name.
+fn tagged_name(prefix: &str, name: &str, extra: usize) -> String {
+    let tag = hash_tag(name);
+    let mut s = String::with_capacity(prefix.len() + tag.len() + name.len() + 4 + extra);
+    s.push_str(prefix);
+    s.push_str(":{");
+    s.push_str(tag);
+    s.push_str("}:");
+    s.push_str(name);
+    s
+}
+
+/// What Redis Cluster hashes of `key`: the text between its first `{` and
+/// the first `}` after it when that is not empty, else all of it.
+fn hash_tag(key: &str) -> &str {
+    if let Some(open) = key.find('{') {
+        if let Some(len) = key[open + 1..].find('}') {
+            if len > 0 {
+                return &key[open + 1..open + 1 + len];
+            }
+        }
+    }
+    key
 }
 
 /// The latch key of one release request (Redisson's scheme, with
@@ -949,6 +983,22 @@ pub(crate) fn acquire_cancel_name(name: &str, field: &str, n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn queue_names_are_in_the_lock_slot_and_one_per_name() {
+        use crate::net::cluster::slot;
+        for name in ["k", "{k}", "a{b}c", "orders:1", "x{}y", "é{ü}"] {
+            let q = queue_name(name);
+            let w = wake_channel_name(name, "6f1c2c1e-3b1a-4a51-9a4e-1f2e3d4c5b6a");
+            if same_slot(name) {
+                assert_eq!(slot(q.as_bytes()), slot(name.as_bytes()), "{q}");
+                assert_eq!(slot(w.as_bytes()), slot(name.as_bytes()), "{w}");
+            }
+        }
+        assert_eq!(queue_name("k"), "redlease_waiting:{k}:k");
+        assert_eq!(queue_name("{k}"), "redlease_waiting:{k}:{k}");
+        assert_ne!(wake_channel_name("k", "u"), wake_channel_name("{k}", "u"));
+    }
 
     #[test]
     fn names_follow_redisson() {

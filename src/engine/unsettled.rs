@@ -65,6 +65,15 @@ pub(crate) enum Lost {
     /// (`key` is the request's marker, which the owner's next operation on
     /// the lock sets first, so that a late leave spares a later place).
     Leave,
+    /// A reentrant lock's last waiter in this process gave up: the process
+    /// leaves the lock's queue (`key`), passing on a wake-up it was given
+    /// (see leave.lua). Run in the background, so that the wait that gave
+    /// up returns at once, and retried until it has run: a lost leave must
+    /// not strand the waiters of other processes.
+    Dequeue {
+        /// The process's wake-up channel (its entry in the queue).
+        wake: String,
+    },
 }
 
 impl Unsettled {
@@ -176,6 +185,9 @@ impl Unsettled {
             }
             .run(conn)
             .map(|r| r.unwrap_or(0)),
+            Lost::Dequeue { ref wake } => {
+                scripts::leave(conn, &self.name, &self.channel, &self.key, wake, publish).map(|_| 0)
+            }
             Lost::Leave => scripts::fair_leave(
                 conn,
                 self.lock_ref(),
@@ -240,6 +252,7 @@ impl Unsettled {
             Lost::Permits { undo: true, .. } => "returned the permits of an acquisition",
             Lost::Release { .. } | Lost::Permits { .. } => "completed a release",
             Lost::Leave => "left the line",
+            Lost::Dequeue { .. } => "left the queue",
         }
     }
 

@@ -14,10 +14,12 @@
 
 use std::time::{Duration, Instant};
 
+use crate::engine::shared::Shared;
+use crate::engine::unsettled::{Lost, Unsettled};
 use crate::error::{Error, Result};
 use crate::net::pubsub::{Subscription, Wake, WakeRule};
 use crate::net::router::Router;
-use crate::scripts::{self, Queued};
+use crate::scripts::{self, Kind, LockRef, Queued};
 use crate::time::{far_future, jitter};
 
 /// The longest a waiter without a deadline says it waits before trying
@@ -72,9 +74,10 @@ pub(crate) struct Waiters<'a> {
     /// The kind, for the acquisition's event (`None`: a wait that acquires
     /// nothing, the latch's).
     pub(crate) kind: Option<&'static str>,
-    /// A reentrant lock's waiter: the client's uuid, which names its
-    /// process's wake-up channel (`None`: the kind has no queue).
-    pub(crate) client: Option<&'a str>,
+    /// A reentrant lock's waiter: its client, whose uuid names its
+    /// process's wake-up channel and whose watchdog leaves the queue when
+    /// the process's last waiter gives up (`None`: the kind has no queue).
+    pub(crate) client: Option<&'a Shared>,
 }
 
 /// A waiter's process's place in a reentrant lock's queue: the queue's key
@@ -112,7 +115,7 @@ impl Waiters<'_> {
         }
         let queue = self.client.map(|client| QueueNames {
             key: scripts::queue_name(self.name),
-            channel: scripts::wake_channel_name(self.name, client),
+            channel: scripts::wake_channel_name(self.name, &client.uuid),
         });
         let mut subscription = self.subscribe_queued(deadline, queue.as_ref())?;
         // Whether a try may have queued this process.
@@ -177,29 +180,36 @@ impl Waiters<'_> {
             }
         };
         let got = wait();
-        if let (Some(q), true, false) = (&queue, joined, matches!(got, Ok(Some(_)))) {
-            let last = !subscription.others_waiting();
-            drop(subscription);
-            if last {
-                self.leave(q);
+        if let (Some(client), Some(q), true, false) =
+            (self.client, queue, joined, matches!(got, Ok(Some(_))))
+        {
+            if subscription.close() {
+                self.leave(client, q);
             }
         }
         got
     }
 
-    /// This process's last waiter gives up: its process leaves the queue,
-    /// passing on a wake-up a release already gave it (see leave.lua). Best
-    /// effort, once: an entry left behind runs out by itself.
-    fn leave(&self, q: &QueueNames) {
-        let publish = self.router.publish_command();
-        let result = self.router.run(self.name, |conn| {
-            scripts::leave(conn, self.name, self.channel, &q.key, &q.channel, publish)
-        });
-        match result {
-            Ok(1) => log::debug!("{:?}: a waiter gave up; its wake-up passed on", self.name),
-            Ok(_) => {}
-            Err(e) => log::debug!("{:?}: leaving the queue failed ({e})", self.name),
-        }
+    /// This process's last waiter gave up: its process leaves the queue,
+    /// passing on a wake-up a release already gave it (see leave.lua), in
+    /// the background (the wait returns now) and retried until it has run.
+    /// A leave that runs after a new waiter of this process queued again
+    /// takes that entry too: the new waiter is then woken by a release that
+    /// finds nobody queued, or tries again at the bound of its wait.
+    fn leave(&self, client: &Shared, q: QueueNames) {
+        let lock = LockRef {
+            name: self.name,
+            channel: self.channel,
+            field: &client.uuid,
+            kind: Kind::Plain,
+        };
+        client.settle_owned_later(Unsettled::new(
+            lock,
+            q.key,
+            Lost::Dequeue { wake: q.channel },
+            None,
+            Instant::now(),
+        ));
     }
 
     /// Subscribes to the lock's channel and, with a queue, to this process's

@@ -627,8 +627,7 @@ impl Lock {
             recheck: NO_TTL_RECHECK,
             kind: Some(self.kind.label()),
             // The reentrant lock queues the processes of its waiters.
-            client: matches!(self.kind, Kind::Plain | Kind::Fenced)
-                .then_some(self.shared.uuid.as_str()),
+            client: matches!(self.kind, Kind::Plain | Kind::Fenced).then_some(&*self.shared),
         }
     }
 

@@ -603,6 +603,7 @@ impl PubSub {
             latch,
             held: Cell::new(false),
             recheck: Cell::new(UNCONFIRMED_RECHECK),
+            closed: Cell::new(false),
         };
         let now = Instant::now();
         let mut until = now.checked_add(inner.response_timeout).unwrap_or(now);
@@ -661,6 +662,9 @@ pub(crate) struct Subscription {
     held: Cell<bool>,
     /// The next re-check while the subscription is not confirmed.
     recheck: Cell<Duration>,
+    /// Ended by [`close`](Subscription::close) (dropping it does nothing
+    /// more).
+    closed: Cell<bool>,
 }
 
 impl Subscription {
@@ -781,10 +785,22 @@ impl Subscription {
     }
 }
 
-impl Drop for Subscription {
-    fn drop(&mut self) {
+impl Subscription {
+    /// Ends the subscription, as dropping it does; `true` if no other
+    /// waiter of its lock is left in this process (decided under the
+    /// subscriber's lock: of several waiters that end at once, one is last).
+    pub(crate) fn close(self) -> bool {
+        self.end() == 0
+    }
+
+    /// Unsubscribes this waiter; the waiters of its lock left in this
+    /// process (`usize::MAX` once ended before).
+    fn end(&self) -> usize {
+        if self.closed.replace(true) {
+            return usize::MAX;
+        }
         let inner = &*self.inner;
-        let queued = {
+        let (queued, remaining) = {
             let mut map = inner.channels.lock();
             let remaining = {
                 let mut state = self.latch.state.lock();
@@ -818,11 +834,18 @@ impl Drop for Subscription {
                     queued = true;
                 }
             }
-            queued
+            (queued, remaining)
         };
         if queued {
             inner.flush();
         }
+        remaining
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.end();
     }
 }
 
@@ -1186,7 +1209,12 @@ impl Inner {
                 *acked = out.next_seq;
                 self.acked_cv.notify_all();
             }
-            for c in map.values() {
+            // In the order they were first subscribed: a lock's release
+            // channel before its waiters' wake-up channel, so that a refusal
+            // of both names the release channel first.
+            let mut channels: Vec<&Arc<Channel>> = map.values().collect();
+            channels.sort_by_key(|c| c.sub_seq);
+            for c in channels {
                 c.confirmed.store(false, Ordering::Release);
                 out.push(&self.command(true, &c.name), Some(Arc::clone(c)));
             }

@@ -1,8 +1,8 @@
 -- The queue of waiting processes of a reentrant lock (redlease's own):
--- a sorted set redlease_waiting:{<name>} of wake-up channels
--- (redlease_wake:{<name>}:<client-uuid>, one per process that waits for the
--- lock), each scored with the time (ms, Redis's clock) after which it counts
--- as gone. A release that finds the field QUEUED in the lock hash hands the
+-- a sorted set redlease_waiting:{<tag>}:<name> of wake-up channels
+-- (redlease_wake:{<tag>}:<name>:<client-uuid>, one per process that waits
+-- for the lock; <tag> puts them in the lock's slot), each scored with the
+-- time (ms, Redis's clock) after which it counts as gone. A release that finds the field QUEUED in the lock hash hands the
 -- wake-up to one queued process instead of publishing on the lock's
 -- channel, which every waiting process (and Redisson) listens on: one
 -- process wakes, not all of them.
@@ -18,11 +18,14 @@ local function now_ms()
 end
 
 -- Wakes one queued process: the first whose entry has not run out and that
--- still listens (a process that died has no subscriber: PUBLISH counts none),
--- removing every entry it passes; if none, publishes '0' on the lock's
--- channel (every waiter, Redisson's included, wakes). What the caller's ACL
--- forbids (the queue, the wake-up channels: another process with another
--- user may have queued) ends the search there, never the script.
+-- still listens (a process that died has no subscriber), removing every
+-- entry it passes; if none, publishes '0' on the lock's channel (every
+-- waiter, Redisson's included, wakes). Classic PUBLISH counts pattern
+-- subscribers too (a monitoring tool's psubscribe *), so its channel's own
+-- subscribers are counted first; sharded pub/sub has no patterns. What the
+-- caller's ACL forbids (the queue, the wake-up channels: another process
+-- with another user may have queued) ends the search there, never the
+-- script.
 local function wake_queued(queue, channel, publish)
     local now = now_ms()
     while now do
@@ -31,12 +34,21 @@ local function wake_queued(queue, channel, publish)
             break
         end
         if tonumber(e[2]) >= now then
-            local n = redis.pcall(publish, e[1], 0)
-            if type(n) ~= 'number' then
-                break
+            local listening
+            if publish == 'publish' then
+                local s = redis.pcall('pubsub', 'numsub', e[1])
+                if type(s) == 'table' and not s.err then
+                    listening = tonumber(s[2])
+                end
             end
-            if n > 0 then
-                return
+            if listening ~= 0 then
+                local n = redis.pcall(publish, e[1], 0)
+                if type(n) ~= 'number' then
+                    break
+                end
+                if (listening or n) > 0 then
+                    return
+                end
             end
         end
     end

@@ -308,7 +308,7 @@ fn a_held_lock_follows_its_slot_and_its_waiter_is_woken() {
         WAIT,
         || {
             shard_subscribers(from, &channel(name)) == 1
-                && from.cmd(&["EXISTS", &format!("redlease_waiting:{{{name}}}")]) == "1"
+                && from.cmd(&["EXISTS", &format!("redlease_waiting:{{{name}}}:{name}")]) == "1"
         },
     );
 

@@ -252,8 +252,8 @@ fn locks_sharing_a_channel_do_not_strand_each_others_waiters() {
     wait_attempts(&mut monitor, &waiters, K, 2);
     assert_eq!(
         waiters.stats().subscribed_channels,
-        2,
-        "one shared channel, one shared wake-up channel"
+        3,
+        "one shared release channel, a wake-up channel per lock"
     );
 
     let released = Instant::now();
