@@ -827,13 +827,13 @@ impl Inner {
         let jobs: Vec<Job<'_>> = groups
             .iter()
             .map(|g| {
-                let mut pipe = redis::pipe();
+                let mut packed = Vec::new();
                 for chunk in &g.chunks {
-                    pipe.add_command(renew_command(batch, chunk, false, false));
+                    pack_renewal(&mut packed, batch, chunk);
                 }
                 Job {
                     redis: &g.node.redis,
-                    packed: pipe.get_packed_pipeline(),
+                    packed,
                     count: g.chunks.len(),
                 }
             })
@@ -1211,48 +1211,164 @@ impl redis::ToRedisArgs for GenArg {
 
 /// The renewal script call for the locks at `chunk` (indices into `batch`);
 /// `careful` reads the owner fields with pcall (a key of the chunk is not a
-/// hash).
+/// hash). For a chunk run on its own (a redirection, a reload, a key that is
+/// not a hash); a batch's pipeline is encoded by [`pack_renewal`].
 fn renew_command(batch: &[Renewal], chunk: &[usize], eval: bool, careful: bool) -> redis::Cmd {
     let sections = sections(batch, chunk);
     // An estimate (names of some 50 bytes): measuring each would read every
     // hold once more.
     let size = chunk.len() * 80 + sections.len() * 64;
-    let fill = |cmd: &mut redis::Cmd| {
-        for block in chunk.chunks(TOUCH) {
-            touch(block.iter().map(|&i| &batch[i].hold), true);
-            for &i in block {
-                cmd.arg(&batch[i].hold.name);
-            }
-        }
-        cmd.arg(if careful { "1" } else { "0" });
-        for sec in &sections {
-            let first = &batch[chunk[sec.start]];
-            let (prefix, _) = split_owner(&first.hold.field);
-            cmd.arg(first.lease_ms)
-                .arg(sec.end - sec.start)
-                .arg(sec.mode)
-                .arg(if sec.mode == "f" {
-                    first.hold.field.as_str()
-                } else {
-                    prefix
-                });
-            for &i in &chunk[sec.start..sec.end] {
-                let r = &batch[i];
-                if sec.mode != "f" {
-                    cmd.arg(RestArg(r));
-                }
-                cmd.arg(GenArg(r.kind, r.token.gen));
-                if sec.mode == "r" {
-                    cmd.arg(&r.hold.prefix);
-                }
-            }
-        }
-    };
+    let fill = |cmd: &mut redis::Cmd| write_renewal(cmd, batch, chunk, &sections, careful);
     if eval {
         scripts::RENEW.eval(chunk.len(), size, fill)
     } else {
         scripts::RENEW.evalsha(chunk.len(), size, fill)
     }
+}
+
+/// Appends the renewal script call for the locks at `chunk` (EVALSHA, not
+/// careful) to a pipeline's bytes, encoded as Redis reads it (RESP): the
+/// same call as [`renew_command`]'s, with every argument copied once, not
+/// twice (into a `redis::Cmd`, then into the pipeline).
+fn pack_renewal(out: &mut Vec<u8>, batch: &[Renewal], chunk: &[usize]) {
+    use redis::{RedisWrite, ToRedisArgs};
+    let sections = sections(batch, chunk);
+    let per_lock = |mode: &str| match mode {
+        "f" => 1,
+        "e" => 2,
+        _ => 3,
+    };
+    // EVALSHA, the SHA, the key count, the keys, `careful`, the sections.
+    let args = 4
+        + chunk.len()
+        + sections
+            .iter()
+            .map(|s| 4 + (s.end - s.start) * per_lock(s.mode))
+            .sum::<usize>();
+    out.reserve(chunk.len() * 80 + sections.len() * 64 + 96);
+    out.push(b'*');
+    push_number(out, args as u64);
+    out.extend_from_slice(b"\r\n");
+    let mut packed = Packed {
+        out,
+        scratch: Vec::new(),
+    };
+    packed.write_arg(b"EVALSHA");
+    packed.write_arg(scripts::RENEW.sha().as_bytes());
+    chunk.len().write_redis_args(&mut packed);
+    write_renewal(&mut packed, batch, chunk, &sections, false);
+}
+
+/// The keys and arguments of a renewal script call (see renew.lua).
+fn write_renewal<W: redis::RedisWrite>(
+    w: &mut W,
+    batch: &[Renewal],
+    chunk: &[usize],
+    sections: &[Section],
+    careful: bool,
+) {
+    use redis::ToRedisArgs;
+    for block in chunk.chunks(TOUCH) {
+        touch(block.iter().map(|&i| &batch[i].hold), true);
+        for &i in block {
+            w.write_arg(batch[i].hold.name.as_bytes());
+        }
+    }
+    w.write_arg(if careful { b"1" } else { b"0" });
+    for sec in sections {
+        let first = &batch[chunk[sec.start]];
+        let (prefix, _) = split_owner(&first.hold.field);
+        first.lease_ms.write_redis_args(w);
+        (sec.end - sec.start).write_redis_args(w);
+        w.write_arg(sec.mode.as_bytes());
+        w.write_arg(if sec.mode == "f" {
+            first.hold.field.as_bytes()
+        } else {
+            prefix.as_bytes()
+        });
+        for &i in &chunk[sec.start..sec.end] {
+            let r = &batch[i];
+            if sec.mode != "f" {
+                RestArg(r).write_redis_args(w);
+            }
+            GenArg(r.kind, r.token.gen).write_redis_args(w);
+            if sec.mode == "r" {
+                w.write_arg(r.hold.prefix.as_bytes());
+            }
+        }
+    }
+}
+
+/// Writes arguments as RESP bulk strings (`$<len>\r\n<bytes>\r\n`) onto a
+/// pipeline's bytes.
+struct Packed<'a> {
+    out: &'a mut Vec<u8>,
+    /// An argument written through `write_arg_fmt` or `writer_for_next_arg`
+    /// before its length is known.
+    scratch: Vec<u8>,
+}
+
+impl redis::RedisWrite for Packed<'_> {
+    fn write_arg(&mut self, arg: &[u8]) {
+        self.out.push(b'$');
+        push_number(self.out, arg.len() as u64);
+        self.out.extend_from_slice(b"\r\n");
+        self.out.extend_from_slice(arg);
+        self.out.extend_from_slice(b"\r\n");
+    }
+
+    fn write_arg_fmt(&mut self, arg: impl std::fmt::Display) {
+        use std::io::Write;
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        let _ = write!(scratch, "{arg}");
+        self.write_arg(&scratch);
+        self.scratch = scratch;
+    }
+
+    fn writer_for_next_arg(&mut self) -> impl std::io::Write + '_ {
+        self.scratch.clear();
+        NextArg { packed: self }
+    }
+}
+
+/// [`Packed::writer_for_next_arg`]: the argument is written out when done.
+struct NextArg<'a, 'b> {
+    packed: &'a mut Packed<'b>,
+}
+
+impl std::io::Write for NextArg<'_, '_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.packed.scratch.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for NextArg<'_, '_> {
+    fn drop(&mut self) {
+        let scratch = std::mem::take(&mut self.packed.scratch);
+        redis::RedisWrite::write_arg(self.packed, &scratch);
+        self.packed.scratch = scratch;
+    }
+}
+
+/// Appends `n` in decimal.
+fn push_number(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
 }
 
 /// What the renewal script says of each of its `n` locks.
@@ -1289,4 +1405,69 @@ fn parse_renewal(reply: redis::Value, n: usize) -> redis::RedisResult<Vec<Outcom
 
 fn bad_reply(what: &'static str) -> redis::RedisError {
     redis::RedisError::from((redis::ErrorKind::Parse, what))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scripts::LockRef;
+
+    fn renewal(name: &str, field: &str, kind: Kind, lease_ms: u64, gen: Option<u64>) -> Renewal {
+        let hold = Arc::new(Hold::new(
+            1,
+            LockRef {
+                name,
+                channel: "chan",
+                field,
+                kind,
+            },
+            Instant::now(),
+            lease_ms,
+            7,
+            None,
+            false,
+        ));
+        Renewal {
+            kind,
+            owner: hold.owner,
+            hold,
+            interval: Duration::from_secs(1),
+            lease_ms,
+            token: RenewToken { epoch: None, gen },
+            capped: false,
+        }
+    }
+
+    /// A batch's pipeline carries, byte for byte, the calls `renew_command`
+    /// builds through `redis::Cmd`: every section mode, read holds, the
+    /// write lock's field, a generation not known, names with odd bytes.
+    #[test]
+    fn packed_renewals_are_the_commands_byte_for_byte() {
+        let u = "6f1c2c1e-3b1a-4a51-9a4e-1f2e3d4c5b6a";
+        let batch = vec![
+            renewal("a", &format!("{u}:1"), Kind::Plain, 30_000, Some(11)),
+            renewal("b", &format!("{u}:1"), Kind::Plain, 30_000, Some(12)),
+            renewal("c\r\n$", &format!("{u}:2"), Kind::Fenced, 30_000, None),
+            renewal("d", &format!("{u}:3:write"), Kind::Write, 30_000, Some(1)),
+            renewal("e", &format!("{u}:4"), Kind::Read, 9_000, Some(123_456_789)),
+            renewal("f", "someone-else:9", Kind::Plain, 5, Some(u64::MAX)),
+            renewal("", &format!("{u}:1"), Kind::Plain, 30_000, Some(0)),
+        ];
+        let mut chunk: Vec<usize> = (0..batch.len()).collect();
+        sort_chunk(&batch, &mut chunk);
+        let modes: String = sections(&batch, &chunk).iter().map(|s| s.mode).collect();
+        assert!(
+            modes.contains('f') && modes.contains('e') && modes.contains('r'),
+            "every section mode: {modes}"
+        );
+        let mut packed = Vec::new();
+        pack_renewal(&mut packed, &batch, &chunk);
+        pack_renewal(&mut packed, &batch, &chunk[..1]);
+        let mut expected = renew_command(&batch, &chunk, false, false).get_packed_command();
+        expected.extend(renew_command(&batch, &chunk[..1], false, false).get_packed_command());
+        assert_eq!(
+            String::from_utf8_lossy(&packed),
+            String::from_utf8_lossy(&expected)
+        );
+    }
 }
