@@ -374,7 +374,8 @@ pub struct ClientStats {
     /// Requests whose reply was lost (or that Redis refused for a passing
     /// reason) that the watchdog thread has not settled yet: acquisitions
     /// to undo, releases to complete, semaphore permits to return, fair lock
-    /// places to leave. Usually 0.
+    /// places to leave; also, for a moment, a reentrant lock's queue that
+    /// this process leaves after its last waiter gave up. Usually 0.
     pub unsettled_requests: u64,
 }
 
