@@ -951,17 +951,10 @@ fn tagged_name(prefix: &str, name: &str, extra: usize) -> String {
     s
 }
 
-/// What Redis Cluster hashes of `key`: the text between its first `{` and
-/// the first `}` after it when that is not empty, else all of it.
-fn hash_tag(key: &str) -> &str {
-    if let Some(open) = key.find('{') {
-        if let Some(len) = key[open + 1..].find('}') {
-            if len > 0 {
-                return &key[open + 1..open + 1 + len];
-            }
-        }
-    }
-    key
+/// What Redis Cluster hashes of `name` ([`hash_tag`](crate::net::cluster::hash_tag)).
+fn hash_tag(name: &str) -> &str {
+    // `{` and `}` are ASCII: the tag starts and ends on char boundaries.
+    std::str::from_utf8(crate::net::cluster::hash_tag(name.as_bytes())).unwrap_or(name)
 }
 
 /// The latch key of one release request (Redisson's scheme, with

@@ -55,14 +55,22 @@ const MAX_REDIRECTS: u32 = 5;
 /// first `{` and the first `}` after it, if not empty) or else of the whole
 /// key, modulo 16384.
 pub(crate) fn slot(key: &[u8]) -> u16 {
-    let tag = key.iter().position(|&b| b == b'{').and_then(|open| {
-        let rest = &key[open + 1..];
-        rest.iter()
-            .position(|&b| b == b'}')
-            .filter(|&close| close > 0)
-            .map(|close| &rest[..close])
-    });
-    crc16::State::<crc16::XMODEM>::calculate(tag.unwrap_or(key)) % SLOTS as u16
+    crc16::State::<crc16::XMODEM>::calculate(hash_tag(key)) % SLOTS as u16
+}
+
+/// What Redis Cluster hashes of `key`: the bytes between its first `{` and
+/// the first `}` after it when there are any, else all of it.
+pub(crate) fn hash_tag(key: &[u8]) -> &[u8] {
+    key.iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            rest.iter()
+                .position(|&b| b == b'}')
+                .filter(|&close| close > 0)
+                .map(|close| &rest[..close])
+        })
+        .unwrap_or(key)
 }
 
 /// Whether lock channels use sharded pub/sub on a cluster.
