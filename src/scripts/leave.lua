@@ -7,7 +7,13 @@
 -- KEYS[1] lock hash   KEYS[2] release channel   KEYS[3] queue
 -- ARGV[1] the process's wake-up channel (its entry)   ARGV[2] publish command
 -- Returns 1 if a wake-up was passed on, else 0.
-local left = redis.call('zrem', KEYS[3], ARGV[1]) == 1
+local left = redis.pcall('zrem', KEYS[3], ARGV[1])
+if type(left) ~= 'number' then
+    -- The ACL forbids the queue's commands: this process's tries could not
+    -- queue it either, so there is nothing to leave.
+    return 0
+end
+left = left == 1
 if redis.call('exists', KEYS[1]) == 1 then
     if redis.call('exists', KEYS[3]) == 0 then
         redis.call('hdel', KEYS[1], QUEUED)
