@@ -85,16 +85,10 @@ pub(crate) struct Hold {
     /// this client makes): the watchdog groups renewals by it without
     /// reading the field.
     pub(crate) owner: Option<(u64, bool)>,
-    pub(crate) name: String,
-    pub(crate) field: String,
-    /// A read hold's key prefix (`LockRef::hold_prefix`), else empty.
-    pub(crate) prefix: String,
+    /// The hold's texts in one allocation (see [`Texts`]): with many locks
+    /// held, one heap block per hold rather than three to five.
+    texts: Texts,
     pub(crate) client_id: u64,
-    /// The release channel (`scripts::channel_name`).
-    pub(crate) channel: String,
-    /// Its key among this thread's holds ([`slot_key`]) when that is not
-    /// the name (a write lock's): no second copy of the name per hold.
-    slot: Option<String>,
     /// Guards alive for this owner; changed only by the owning thread.
     count: AtomicU32,
     /// The watchdog's lease, while watched guards remain.
@@ -137,14 +131,9 @@ impl Hold {
             cap,
             owned,
             client_id,
-            name: lock.name.to_owned(),
-            channel: lock.channel.to_owned(),
-            field: lock.field.to_owned(),
+            texts: Texts::new(lock),
             owner: owner_key(lock.field),
             kind: lock.kind,
-            prefix: lock.hold_prefix(),
-            // `slot_key` is the name itself but for a write lock.
-            slot: (lock.kind == Kind::Write).then(|| slot_key(lock.name, lock.kind)),
             count: AtomicU32::new(0),
             watched: AtomicU32::new(0),
             watch_lease_ms: AtomicU64::new(0),
@@ -163,9 +152,33 @@ impl Hold {
         }
     }
 
-    /// Its key among this thread's holds ([`slot_key`]).
+    /// The lock's name (its key).
+    pub(crate) fn name(&self) -> &str {
+        self.texts.get(NAME)
+    }
+
+    /// The owner field.
+    pub(crate) fn field(&self) -> &str {
+        self.texts.get(FIELD)
+    }
+
+    /// The release channel (`scripts::channel_name`).
+    pub(crate) fn channel(&self) -> &str {
+        self.texts.get(CHANNEL)
+    }
+
+    /// A read hold's key prefix (`LockRef::hold_prefix`), else empty.
+    pub(crate) fn prefix(&self) -> &str {
+        self.texts.get(PREFIX)
+    }
+
+    /// Its key among this thread's holds ([`slot_key`]): the name but for a
+    /// write lock's.
     pub(crate) fn slot(&self) -> &str {
-        self.slot.as_deref().unwrap_or(&self.name)
+        match self.texts.get(SLOT) {
+            "" => self.name(),
+            slot => slot,
+        }
     }
 
     /// A guard of the hold (`watched`: taken without a lease) is going:
@@ -192,9 +205,9 @@ impl Hold {
 
     pub(crate) fn lock_ref(&self) -> LockRef<'_> {
         LockRef {
-            name: &self.name,
-            channel: &self.channel,
-            field: &self.field,
+            name: self.name(),
+            channel: self.channel(),
+            field: self.field(),
             kind: self.kind,
         }
     }
@@ -399,6 +412,55 @@ impl Hold {
     }
 }
 
+/// The texts of a hold, one after another in one allocation: its name,
+/// owner field, release channel, read-hold prefix (empty but for a read
+/// hold) and slot key (empty but for a write hold: see [`slot_key`]).
+struct Texts {
+    all: Box<str>,
+    /// Where each text but the last ends in `all`.
+    ends: [usize; 4],
+}
+
+const NAME: usize = 0;
+const FIELD: usize = 1;
+const CHANNEL: usize = 2;
+const PREFIX: usize = 3;
+const SLOT: usize = 4;
+
+impl Texts {
+    fn new(lock: LockRef<'_>) -> Texts {
+        let prefix = lock.hold_prefix();
+        let slot = if lock.kind == Kind::Write {
+            slot_key(lock.name, lock.kind)
+        } else {
+            String::new()
+        };
+        let parts = [lock.name, lock.field, lock.channel, &prefix, &slot];
+        let mut all = String::with_capacity(parts.iter().map(|p| p.len()).sum());
+        let mut ends = [0; 4];
+        for (i, part) in parts.iter().enumerate() {
+            all.push_str(part);
+            if let Some(end) = ends.get_mut(i) {
+                *end = all.len();
+            }
+        }
+        Texts {
+            all: all.into_boxed_str(),
+            ends,
+        }
+    }
+
+    /// Text `i` (`NAME` ... `SLOT`).
+    fn get(&self, i: usize) -> &str {
+        let start = match i.checked_sub(1) {
+            Some(before) => self.ends.get(before).copied().unwrap_or(0),
+            None => 0,
+        };
+        let end = self.ends.get(i).copied().unwrap_or(self.all.len());
+        self.all.get(start..end).unwrap_or_default()
+    }
+}
+
 /// The id and `:write` suffix of an owner field `<client-uuid>:<id>` or
 /// `<client-uuid>:<id>:write`; `None` for any other shape.
 fn owner_key(field: &str) -> Option<(u64, bool)> {
@@ -425,7 +487,32 @@ pub(crate) fn slot_key(name: &str, kind: Kind) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::owner_key;
+    use std::time::Instant;
+
+    use super::{owner_key, slot_key, Hold};
+    use crate::scripts::{Kind, LockRef};
+
+    #[test]
+    fn a_hold_gives_back_each_of_its_texts() {
+        let field = "6f1c2c1e-3b1a-4a51-9a4e-1f2e3d4c5b6a:7";
+        for kind in [Kind::Plain, Kind::Fenced, Kind::Read, Kind::Write] {
+            for name in ["", "a", "orders:{42}:ä"] {
+                let channel = format!("channel-of-{name}");
+                let lock = LockRef {
+                    name,
+                    channel: &channel,
+                    field,
+                    kind,
+                };
+                let hold = Hold::new(1, lock, Instant::now(), 1000, 1, None, false);
+                assert_eq!(hold.name(), name, "{kind:?}");
+                assert_eq!(hold.field(), field, "{kind:?}");
+                assert_eq!(hold.channel(), channel, "{kind:?}");
+                assert_eq!(hold.prefix(), lock.hold_prefix(), "{kind:?}");
+                assert_eq!(hold.slot(), slot_key(name, kind), "{kind:?}");
+            }
+        }
+    }
 
     #[test]
     fn owner_keys_only_for_fields_of_the_usual_shape() {

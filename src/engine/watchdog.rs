@@ -793,13 +793,13 @@ impl Inner {
     /// Counts, logs and calls back a hold that was just marked lost.
     fn report(&self, hold: &Hold, why: &str) {
         self.counters.lost.fetch_add(1, Ordering::Relaxed);
-        log::error!("lock {:?} was lost: {why}", hold.name);
+        log::error!("lock {:?} was lost: {why}", hold.name());
         self.router
             .counters()
             .events
-            .lost(hold.kind.label(), &hold.name);
+            .lost(hold.kind.label(), &hold.name());
         if let Some(cb) = &self.on_lost {
-            if catch_unwind(AssertUnwindSafe(|| cb(&hold.name))).is_err() {
+            if catch_unwind(AssertUnwindSafe(|| cb(&hold.name()))).is_err() {
                 log::error!("the on_lock_lost callback panicked");
             }
         }
@@ -820,7 +820,7 @@ impl Inner {
         let mut outcomes: Vec<Option<Outcome>> = batch.iter().map(|_| None).collect();
         let mut groups = self
             .router
-            .group(batch.iter().map(|r| r.hold.name.as_str()), CHUNK);
+            .group(batch.iter().map(|r| r.hold.name()), CHUNK);
         for chunk in groups.iter_mut().flat_map(|g| g.chunks.iter_mut()) {
             sort_chunk(batch, chunk);
         }
@@ -994,7 +994,7 @@ impl Inner {
         chunk: &[usize],
         careful: bool,
     ) -> Option<redis::Value> {
-        let key = &batch[*chunk.first()?].hold.name;
+        let key = &batch[*chunk.first()?].hold.name();
         self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
         let result = self.router.run_synced_within(key, Duration::ZERO, |conn| {
             let mut run = |careful| match renew_command(batch, chunk, false, careful).query(conn) {
@@ -1068,7 +1068,7 @@ fn touch<'a>(holds: impl Iterator<Item = &'a Arc<Hold>>, names: bool) {
     for h in holds {
         x ^= Arc::strong_count(h) ^ h.kind as usize;
         if names {
-            x ^= usize::from(h.name.as_bytes().first().copied().unwrap_or(0));
+            x ^= usize::from(h.name().as_bytes().first().copied().unwrap_or(0));
         }
     }
     std::hint::black_box(x);
@@ -1092,14 +1092,14 @@ fn same_terms(a: &Renewal, b: &Renewal) -> bool {
     a.lease_ms == b.lease_ms
         && (a.kind == Kind::Read) == (b.kind == Kind::Read)
         && (a.owner.is_some() && b.owner.is_some()
-            || split_owner(&a.hold.field).0 == split_owner(&b.hold.field).0)
+            || split_owner(&a.hold.field()).0 == split_owner(&b.hold.field()).0)
 }
 
 /// Whether two renewals are for one owner field.
 fn same_field(a: &Renewal, b: &Renewal) -> bool {
     match (a.owner, b.owner) {
         (Some(x), Some(y)) => x == y,
-        _ => a.hold.field == b.hold.field,
+        _ => a.hold.field() == b.hold.field(),
     }
 }
 
@@ -1190,7 +1190,7 @@ impl redis::ToRedisArgs for RestArg<'_> {
         match self.0.owner {
             Some((id, false)) => id.write_redis_args(out),
             Some((id, true)) => out.write_arg_fmt(format_args!("{id}:write")),
-            None => out.write_arg(split_owner(&self.0.hold.field).1.as_bytes()),
+            None => out.write_arg(split_owner(&self.0.hold.field()).1.as_bytes()),
         }
     }
 }
@@ -1271,18 +1271,18 @@ fn write_renewal<W: redis::RedisWrite>(
     for block in chunk.chunks(TOUCH) {
         touch(block.iter().map(|&i| &batch[i].hold), true);
         for &i in block {
-            w.write_arg(batch[i].hold.name.as_bytes());
+            w.write_arg(batch[i].hold.name().as_bytes());
         }
     }
     w.write_arg(if careful { b"1" } else { b"0" });
     for sec in sections {
         let first = &batch[chunk[sec.start]];
-        let (prefix, _) = split_owner(&first.hold.field);
+        let (prefix, _) = split_owner(&first.hold.field());
         first.lease_ms.write_redis_args(w);
         (sec.end - sec.start).write_redis_args(w);
         w.write_arg(sec.mode.as_bytes());
         w.write_arg(if sec.mode == "f" {
-            first.hold.field.as_bytes()
+            first.hold.field().as_bytes()
         } else {
             prefix.as_bytes()
         });
@@ -1293,7 +1293,7 @@ fn write_renewal<W: redis::RedisWrite>(
             }
             GenArg(r.kind, r.token.gen).write_redis_args(w);
             if sec.mode == "r" {
-                w.write_arg(r.hold.prefix.as_bytes());
+                w.write_arg(r.hold.prefix().as_bytes());
             }
         }
     }

@@ -172,7 +172,7 @@ impl LockGuard {
         let held = &self.held;
         held.shared
             .events
-            .acquired(held.hold.kind.label(), &held.hold.name, started, waited);
+            .acquired(held.hold.kind.label(), &held.hold.name(), started, waited);
     }
 
     /// See [`Held::begin_release`].
@@ -218,7 +218,7 @@ pub(crate) struct Held {
 
 impl Held {
     pub(crate) fn name(&self) -> &str {
-        &self.hold.name
+        &self.hold.name()
     }
 
     /// See [`LockGuard::is_lost`].
@@ -230,7 +230,7 @@ impl Held {
     pub(crate) fn ensure_held(&self) -> Result<()> {
         if self.is_lost() {
             return Err(Error::LockLost {
-                name: self.hold.name.clone(),
+                name: self.hold.name().to_owned(),
             });
         }
         Ok(())
@@ -267,7 +267,7 @@ impl Held {
         self.done = true;
         let hold = Arc::clone(&self.hold);
         let lost = || Error::LockLost {
-            name: hold.name.clone(),
+            name: hold.name().to_owned(),
         };
         // Past its bound the hold may have been lost unnoticed: release what
         // may still be held, but do not report success.
@@ -293,13 +293,13 @@ impl Held {
                     Ok(Some(_)) => log::info!(
                         "lock {:?} was found lost but was still held in redis; \
                          released it",
-                        hold.name
+                        hold.name()
                     ),
                     Ok(None) => {}
                     Err(e) => log::debug!(
                         "releasing lost lock {:?} failed ({e}); it is completed in \
                          the background",
-                        hold.name
+                        hold.name()
                     ),
                 }
             }
@@ -328,7 +328,7 @@ impl Held {
     ) -> Result<()> {
         let hold = &self.hold;
         let lost = || Error::LockLost {
-            name: hold.name.clone(),
+            name: hold.name().to_owned(),
         };
         let partial = step.request.left > 0;
         let result = self.finish_release(step.request, reply);
@@ -355,7 +355,7 @@ impl Held {
         let events = &self.shared.events;
         events.released(
             self.hold.kind.label(),
-            &self.hold.name,
+            &self.hold.name(),
             self.acquired_at,
             ok,
         );
@@ -367,7 +367,7 @@ impl Held {
     fn prepare_release(&self, hold: &Arc<Hold>, left: u32, lease_ms: u64) -> ReleaseRequest {
         let shared = &self.shared;
         let n = shared.next_request();
-        let latch = scripts::unlock_latch_name(&hold.name, &hold.field, n);
+        let latch = scripts::unlock_latch_name(&hold.name(), &hold.field(), n);
         let pending = if hold.owned {
             Vec::new()
         } else {
@@ -405,7 +405,7 @@ impl Held {
             latch_ms: shared.latch_ttl_ms,
             gen: r.n,
             publish: shared.router.publish_command(),
-            prefix: &self.hold.prefix,
+            prefix: &self.hold.prefix(),
         }
     }
 
@@ -418,7 +418,7 @@ impl Held {
         let script = self.release_script(r);
         shared
             .router
-            .run_synced(&hold.name, |conn| script.run(conn))
+            .run_synced(&hold.name(), |conn| script.run(conn))
     }
 
     /// Records the outcome of release `r` on the hold. A release that did
@@ -508,7 +508,7 @@ impl Drop for Held {
                 unless e.is_lock_lost(),
                 "lock release on drop",
                 "releasing lock {:?} on drop failed: {e}",
-                self.hold.name
+                self.hold.name()
             );
         }
     }
@@ -517,8 +517,8 @@ impl Drop for Held {
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
-            .field("name", &self.held.hold.name)
-            .field("owner", &self.held.hold.field)
+            .field("name", &self.held.hold.name())
+            .field("owner", &self.held.hold.field())
             .field("hold_count", &self.held.hold.count())
             .field("lost", &self.is_lost())
             .finish()

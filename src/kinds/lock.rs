@@ -679,7 +679,7 @@ impl Lock {
             let (existing, pending) = owner_state(shared.id, &self.slot);
             let field = existing
                 .as_ref()
-                .map_or_else(|| self.owner_field(), |h| h.field.clone());
+                .map_or_else(|| self.owner_field(), |h| h.field().to_owned());
             (existing, pending, field)
         };
         let held = existing.as_ref().map_or(0, |h| h.count());
