@@ -270,6 +270,69 @@ fn missing_permissions_are_auth_errors() {
     );
 }
 
+/// A release the ACL refuses (the release channel not granted) leaves no
+/// answer in its unlock latch, though release.lua claims the latch before it
+/// publishes: a retry of the same request (same latch, as after a lost
+/// reply) is refused the same way, never told "released" while the lock is
+/// still held. Run on the script itself, twice with the same keys.
+#[test]
+fn a_refused_release_leaves_no_answer_for_its_retry() {
+    let srv = RedisServer::start();
+    acl(
+        &srv,
+        "nochan",
+        &LOCKER_RULE
+            .replace(">lockpw", ">pw")
+            .replace("&redisson_lock__channel:*", ""),
+    );
+    let owner = "6f1c2c1e-3b1a-4a51-9a4e-1f2e3d4c5b6a:1";
+    let latch = format!("redisson_unlock_latch:{{orders:r}}:{owner}:9");
+    srv.cmd(&["HSET", "orders:r", owner, "1", &format!("{owner}:gen"), "7"]);
+    srv.cmd(&["PEXPIRE", "orders:r", "30000"]);
+    let release = redis::Script::new(concat!(
+        include_str!("../../src/scripts/queue_lib.lua"),
+        include_str!("../../src/scripts/release_plain.lua"),
+        include_str!("../../src/scripts/release.lua")
+    ));
+    let run = |conn: &mut redis::Connection| {
+        release
+            .key("orders:r")
+            .key("redisson_lock__channel:{orders:r}")
+            .key(&latch)
+            .key("redlease_waiting:{orders:r}:orders:r")
+            .arg(owner)
+            .arg(0)
+            .arg(30_000)
+            .arg(8_000)
+            .arg(9)
+            .arg("publish")
+            .invoke::<Option<i64>>(conn)
+    };
+    let admin = redis::Client::open(srv.url()).unwrap();
+    let mut admin = admin.get_connection().unwrap();
+    // Loaded by a user who may: this one may only run it.
+    release.prepare_invoke().load(&mut admin).unwrap();
+    let user = redis::Client::open(url_as(&srv, "nochan", "pw")).unwrap();
+    let mut user = user.get_connection().unwrap();
+    for attempt in 1..=2 {
+        let err = run(&mut user).expect_err("the release channel is not granted");
+        assert!(
+            err.to_string().contains("can't publish"),
+            "try {attempt}: {err}"
+        );
+        assert_eq!(srv.cmd(&["HEXISTS", "orders:r", owner]).trim(), "1");
+        assert_eq!(
+            srv.cmd(&["EXISTS", &latch]).trim(),
+            "0",
+            "try {attempt}: the refused release left an answer in its latch"
+        );
+    }
+    // With the channel: released, and a retry gets that answer again.
+    assert_eq!(run(&mut admin).unwrap(), Some(1));
+    assert_eq!(srv.cmd(&["EXISTS", "orders:r"]).trim(), "0");
+    assert_eq!(run(&mut admin).unwrap(), Some(1), "the retry's answer");
+}
+
 /// docs/production.md's rule plus what it says reading holders needs: `holders()`
 /// with each holder's process, and `Client::inspect`.
 #[test]
