@@ -797,9 +797,9 @@ impl Inner {
         self.router
             .counters()
             .events
-            .lost(hold.kind.label(), &hold.name());
+            .lost(hold.kind.label(), hold.name());
         if let Some(cb) = &self.on_lost {
-            if catch_unwind(AssertUnwindSafe(|| cb(&hold.name()))).is_err() {
+            if catch_unwind(AssertUnwindSafe(|| cb(hold.name()))).is_err() {
                 log::error!("the on_lock_lost callback panicked");
             }
         }
@@ -1092,7 +1092,7 @@ fn same_terms(a: &Renewal, b: &Renewal) -> bool {
     a.lease_ms == b.lease_ms
         && (a.kind == Kind::Read) == (b.kind == Kind::Read)
         && (a.owner.is_some() && b.owner.is_some()
-            || split_owner(&a.hold.field()).0 == split_owner(&b.hold.field()).0)
+            || split_owner(a.hold.field()).0 == split_owner(b.hold.field()).0)
 }
 
 /// Whether two renewals are for one owner field.
@@ -1190,7 +1190,7 @@ impl redis::ToRedisArgs for RestArg<'_> {
         match self.0.owner {
             Some((id, false)) => id.write_redis_args(out),
             Some((id, true)) => out.write_arg_fmt(format_args!("{id}:write")),
-            None => out.write_arg(split_owner(&self.0.hold.field()).1.as_bytes()),
+            None => out.write_arg(split_owner(self.0.hold.field()).1.as_bytes()),
         }
     }
 }
@@ -1277,7 +1277,7 @@ fn write_renewal<W: redis::RedisWrite>(
     w.write_arg(if careful { b"1" } else { b"0" });
     for sec in sections {
         let first = &batch[chunk[sec.start]];
-        let (prefix, _) = split_owner(&first.hold.field());
+        let (prefix, _) = split_owner(first.hold.field());
         first.lease_ms.write_redis_args(w);
         (sec.end - sec.start).write_redis_args(w);
         w.write_arg(sec.mode.as_bytes());

@@ -172,7 +172,7 @@ impl LockGuard {
         let held = &self.held;
         held.shared
             .events
-            .acquired(held.hold.kind.label(), &held.hold.name(), started, waited);
+            .acquired(held.hold.kind.label(), held.hold.name(), started, waited);
     }
 
     /// See [`Held::begin_release`].
@@ -218,7 +218,7 @@ pub(crate) struct Held {
 
 impl Held {
     pub(crate) fn name(&self) -> &str {
-        &self.hold.name()
+        self.hold.name()
     }
 
     /// See [`LockGuard::is_lost`].
@@ -355,7 +355,7 @@ impl Held {
         let events = &self.shared.events;
         events.released(
             self.hold.kind.label(),
-            &self.hold.name(),
+            self.hold.name(),
             self.acquired_at,
             ok,
         );
@@ -367,7 +367,7 @@ impl Held {
     fn prepare_release(&self, hold: &Arc<Hold>, left: u32, lease_ms: u64) -> ReleaseRequest {
         let shared = &self.shared;
         let n = shared.next_request();
-        let latch = scripts::unlock_latch_name(&hold.name(), &hold.field(), n);
+        let latch = scripts::unlock_latch_name(hold.name(), hold.field(), n);
         let pending = if hold.owned {
             Vec::new()
         } else {
@@ -405,7 +405,7 @@ impl Held {
             latch_ms: shared.latch_ttl_ms,
             gen: r.n,
             publish: shared.router.publish_command(),
-            prefix: &self.hold.prefix(),
+            prefix: self.hold.prefix(),
         }
     }
 
@@ -418,7 +418,7 @@ impl Held {
         let script = self.release_script(r);
         shared
             .router
-            .run_synced(&hold.name(), |conn| script.run(conn))
+            .run_synced(hold.name(), |conn| script.run(conn))
     }
 
     /// Records the outcome of release `r` on the hold. A release that did
