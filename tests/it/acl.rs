@@ -28,6 +28,18 @@ pub(crate) fn acl(srv: &RedisServer, user: &str, rule: &str) {
     assert_eq!(out.trim(), "OK", "ACL SETUSER {user}: {out}");
 }
 
+/// User `nochan` (password `pw`): the minimal rule without the release
+/// channel.
+fn no_channel_user(srv: &RedisServer) {
+    acl(
+        srv,
+        "nochan",
+        &LOCKER_RULE
+            .replace(">lockpw", ">pw")
+            .replace("&redisson_lock__channel:*", ""),
+    );
+}
+
 fn url_as(srv: &RedisServer, user: &str, pw: &str) -> String {
     format!("redis://{user}:{pw}@127.0.0.1:{}/", srv.port())
 }
@@ -232,13 +244,7 @@ fn missing_permissions_are_auth_errors() {
 
     // The channel not granted: taking a free lock works, waiting for a
     // busy one fails at the SUBSCRIBE, and releasing changes nothing.
-    acl(
-        &srv,
-        "nochan",
-        &LOCKER_RULE
-            .replace(">lockpw", ">pw")
-            .replace("&redisson_lock__channel:*", ""),
-    );
+    no_channel_user(&srv);
     let holder = Client::open(url_as(&srv, "locker", "lockpw")).unwrap();
     let held = holder
         .lock("orders:busy")
@@ -278,13 +284,7 @@ fn missing_permissions_are_auth_errors() {
 #[test]
 fn a_refused_release_leaves_no_answer_for_its_retry() {
     let srv = RedisServer::start();
-    acl(
-        &srv,
-        "nochan",
-        &LOCKER_RULE
-            .replace(">lockpw", ">pw")
-            .replace("&redisson_lock__channel:*", ""),
-    );
+    no_channel_user(&srv);
     let owner = "6f1c2c1e-3b1a-4a51-9a4e-1f2e3d4c5b6a:1";
     let latch = format!("redisson_unlock_latch:{{orders:r}}:{owner}:9");
     srv.cmd(&["HSET", "orders:r", owner, "1", &format!("{owner}:gen"), "7"]);
