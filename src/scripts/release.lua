@@ -22,51 +22,36 @@
 for i = FIRST_UNSETTLED, #KEYS do
     redis.call('set', KEYS[i], 1, 'px', ARGV[7])
 end
--- The owner's count, and whether redlease waiters are queued (see
--- queue_lib.lua; the fair lock's hash never says so). Read first: a key
--- that is not a hash fails the call here, before this request writes.
-local state = redis.call('hmget', KEYS[1], ARGV[1], 'redlease:waiting')
--- The latch: the answer of a copy of this request that ran before. Read,
--- and claimed with the answer of a full release (1) when there is none, in
--- one call (SET NX GET, Redis 7.0); older servers refuse that, and the
--- latch is read alone and written with the answer at the end.
-local claimed = true
-local done = redis.pcall('set', KEYS[3], 1, 'nx', 'get', 'px', ARGV[4])
-if type(done) == 'table' then
-    claimed = false
-    done = redis.call('get', KEYS[3])
-end
+local done = redis.call('get', KEYS[3])
 if done then
     if done == 'n' then
         return nil
     end
     return tonumber(done)
 end
-if not state[1] then
-    redis.call('set', KEYS[3], 'n', 'px', ARGV[4])
-    return nil
-end
 if tonumber(ARGV[2]) > 0 then
+    if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
+        redis.call('set', KEYS[3], 'n', 'px', ARGV[4])
+        return nil
+    end
     redis.call('hset', KEYS[1], ARGV[1], ARGV[2], ARGV[1] .. ':gen', ARGV[5])
     redis.call('pexpire', KEYS[1], ARGV[3])
     redis.call('set', KEYS[3], 0, 'px', ARGV[4])
     return 0
 end
+-- The owner's count, and whether redlease waiters are queued (see
+-- queue_lib.lua; the fair lock's hash never says so).
+local state = redis.call('hmget', KEYS[1], ARGV[1], 'redlease:waiting')
+if not state[1] then
+    redis.call('set', KEYS[3], 'n', 'px', ARGV[4])
+    return nil
+end
 -- Publish before deleting: a user whose ACL lacks the channel stops the
--- script here with nothing changed (the latch claimed above is taken back,
--- so a retry is refused the same way). Subscribers get the message only
--- after the script has run, so no waiter can see the lock still held.
-local woke, err = pcall(wake_waiters, state[2])
-if not woke then
-    if claimed then
-        redis.call('del', KEYS[3])
-    end
-    return redis.error_reply(type(err) == 'table' and err.err or tostring(err))
-end
+-- script here with nothing changed. Subscribers get the message only after
+-- the script has run, so no waiter can see the lock still held.
+wake_waiters(state[2])
 -- The owner's fields (and the queue's mark) are the only ones a lock hash
--- has: the key goes, as with Redisson's DEL.
-redis.call('del', KEYS[1])
-if not claimed then
-    redis.call('set', KEYS[3], 1, 'px', ARGV[4])
-end
+-- has: removing them removes the key (as Redisson's DEL does).
+redis.call('hdel', KEYS[1], ARGV[1], ARGV[1] .. ':gen', 'redlease:waiting')
+redis.call('set', KEYS[3], 1, 'px', ARGV[4])
 return 1

@@ -276,29 +276,35 @@ fn missing_permissions_are_auth_errors() {
     );
 }
 
-/// A release the ACL refuses (the release channel not granted) leaves no
-/// answer in its unlock latch, though release.lua claims the latch before it
-/// publishes: a retry of the same request (same latch, as after a lost
-/// reply) is refused the same way, never told "released" while the lock is
-/// still held. Run on the script itself, twice with the same keys.
+/// A release the ACL refuses leaves no answer in its unlock latch: a retry
+/// of the same request (same latch, as after a lost reply) is refused the
+/// same way, never told "released" while the lock is still held. Refused at
+/// the publish (the release channel not granted) and at the last command
+/// that removes the owner's fields (`+hdel` not granted). Run on the script
+/// itself, twice with the same keys. (A release that wrote its latch before
+/// its work, to save a call, failed both.)
 #[test]
 fn a_refused_release_leaves_no_answer_for_its_retry() {
     let srv = RedisServer::start();
     no_channel_user(&srv);
+    acl(
+        &srv,
+        "nohdel",
+        &LOCKER_RULE
+            .replace(">lockpw", ">pw")
+            .replace(" +hdel ", " "),
+    );
     let owner = "6f1c2c1e-3b1a-4a51-9a4e-1f2e3d4c5b6a:1";
-    let latch = format!("redisson_unlock_latch:{{orders:r}}:{owner}:9");
-    srv.cmd(&["HSET", "orders:r", owner, "1", &format!("{owner}:gen"), "7"]);
-    srv.cmd(&["PEXPIRE", "orders:r", "30000"]);
     let release = redis::Script::new(concat!(
         include_str!("../../src/scripts/queue_lib.lua"),
         include_str!("../../src/scripts/release_plain.lua"),
         include_str!("../../src/scripts/release.lua")
     ));
-    let run = |conn: &mut redis::Connection| {
+    let run = |conn: &mut redis::Connection, latch: &str| {
         release
             .key("orders:r")
             .key("redisson_lock__channel:{orders:r}")
-            .key(&latch)
+            .key(latch)
             .key("redlease_waiting:{orders:r}:orders:r")
             .arg(owner)
             .arg(0)
@@ -310,27 +316,39 @@ fn a_refused_release_leaves_no_answer_for_its_retry() {
     };
     let admin = redis::Client::open(srv.url()).unwrap();
     let mut admin = admin.get_connection().unwrap();
-    // Loaded by a user who may: this one may only run it.
+    // Loaded by a user who may: these may only run it.
     release.prepare_invoke().load(&mut admin).unwrap();
-    let user = redis::Client::open(url_as(&srv, "nochan", "pw")).unwrap();
-    let mut user = user.get_connection().unwrap();
-    for attempt in 1..=2 {
-        let err = run(&mut user).expect_err("the release channel is not granted");
-        assert!(
-            err.to_string().contains("can't publish"),
-            "try {attempt}: {err}"
-        );
-        assert_eq!(srv.cmd(&["HEXISTS", "orders:r", owner]).trim(), "1");
+    for (n, (name, refusal)) in [("nochan", "can't publish"), ("nohdel", "can't run")]
+        .into_iter()
+        .enumerate()
+    {
+        let latch = format!("redisson_unlock_latch:{{orders:r}}:{owner}:{n}");
+        srv.cmd(&["HSET", "orders:r", owner, "1", &format!("{owner}:gen"), "7"]);
+        srv.cmd(&["PEXPIRE", "orders:r", "30000"]);
+        let user = redis::Client::open(url_as(&srv, name, "pw")).unwrap();
+        let mut user = user.get_connection().unwrap();
+        for attempt in 1..=2 {
+            let err = run(&mut user, &latch).expect_err("refused");
+            assert!(
+                err.to_string().contains(refusal),
+                "{name}, try {attempt}: {err}"
+            );
+            assert_eq!(srv.cmd(&["HEXISTS", "orders:r", owner]).trim(), "1");
+            assert_eq!(
+                srv.cmd(&["EXISTS", &latch]).trim(),
+                "0",
+                "{name}, try {attempt}: the refused release left an answer in its latch"
+            );
+        }
+        // Allowed: released, and a retry gets that answer again.
+        assert_eq!(run(&mut admin, &latch).unwrap(), Some(1));
+        assert_eq!(srv.cmd(&["EXISTS", "orders:r"]).trim(), "0");
         assert_eq!(
-            srv.cmd(&["EXISTS", &latch]).trim(),
-            "0",
-            "try {attempt}: the refused release left an answer in its latch"
+            run(&mut admin, &latch).unwrap(),
+            Some(1),
+            "the retry's answer"
         );
     }
-    // With the channel: released, and a retry gets that answer again.
-    assert_eq!(run(&mut admin).unwrap(), Some(1));
-    assert_eq!(srv.cmd(&["EXISTS", "orders:r"]).trim(), "0");
-    assert_eq!(run(&mut admin).unwrap(), Some(1), "the retry's answer");
 }
 
 /// docs/production.md's rule plus what it says reading holders needs: `holders()`
