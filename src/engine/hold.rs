@@ -495,7 +495,13 @@ mod tests {
     #[test]
     fn a_hold_gives_back_each_of_its_texts() {
         let field = "6f1c2c1e-3b1a-4a51-9a4e-1f2e3d4c5b6a:7";
-        for kind in [Kind::Plain, Kind::Fenced, Kind::Read, Kind::Write] {
+        for kind in [
+            Kind::Plain,
+            Kind::Fenced,
+            Kind::Read,
+            Kind::Write,
+            Kind::Fair,
+        ] {
             for name in ["", "a", "orders:{42}:ä"] {
                 let channel = format!("channel-of-{name}");
                 let lock = LockRef {
