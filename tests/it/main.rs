@@ -14,6 +14,7 @@ mod faults_common;
 
 mod acl;
 mod cluster;
+mod cost;
 mod events;
 mod failover;
 mod fair;
