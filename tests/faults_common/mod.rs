@@ -163,19 +163,27 @@ impl Monitor {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         let mut out = Vec::new();
         loop {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "timed out after 10 s reading MONITOR up to ECHO {marker}"
-            );
-            let mut line = String::new();
-            self.lines
-                .read_line(&mut line)
-                .unwrap_or_else(|e| panic!("reading MONITOR up to ECHO {marker}: {e}"));
+            let line = self.next_line(deadline, || format!("reading MONITOR up to ECHO {marker}"));
             if line.contains(&needle) {
                 return out;
             }
             out.push(line);
         }
+    }
+
+    /// The next line, before `deadline` (10 s after the caller began);
+    /// panics saying what the caller was doing otherwise.
+    fn next_line(&mut self, deadline: std::time::Instant, doing: impl Fn() -> String) -> String {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out after 10 s {}",
+            doing()
+        );
+        let mut line = String::new();
+        self.lines
+            .read_line(&mut line)
+            .unwrap_or_else(|e| panic!("{}: {e}", doing()));
+        line
     }
 
     /// Reads until `count` lines matching `pred` were seen, for 10 s at most
@@ -185,14 +193,9 @@ impl Monitor {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         let mut seen = 0;
         while seen < count {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "timed out after 10 s waiting for {what} on MONITOR ({seen}/{count})"
-            );
-            let mut line = String::new();
-            self.lines
-                .read_line(&mut line)
-                .unwrap_or_else(|e| panic!("waiting for {what} on MONITOR ({seen}/{count}): {e}"));
+            let line = self.next_line(deadline, || {
+                format!("waiting for {what} on MONITOR ({seen}/{count})")
+            });
             if pred(&line) {
                 seen += 1;
             }

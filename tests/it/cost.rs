@@ -73,19 +73,12 @@ fn an_uncontended_acquire_and_release_stay_within_their_commands() {
         Some(&(2 * PAIRS)),
         "script calls of {PAIRS} pairs: {top:?}"
     );
-    // Nothing else is sent per pair. A connection the pool opens in the
-    // background sends its own few commands (a PING that proves it).
-    for (cmd, n) in &top {
-        assert!(
-            cmd == "evalsha" || *n < PAIRS,
-            "{n} {cmd} for {PAIRS} pairs: {top:?}"
-        );
-    }
+    assert_only_script_calls(&top);
 }
 
 /// Locks held by one thread and renewed by the watchdog: per lock and
 /// renewal, one `HGET` of its generation and one `PEXPIRE` inside the
-/// batch's script, nothing else (no `PTTL` read, no script call per lock).
+/// batch's script, nothing else (no `PTTL` read).
 #[test]
 fn a_renewal_reads_one_field_and_extends_once_per_lock() {
     const LOCKS: usize = 20;
@@ -139,9 +132,20 @@ fn a_renewal_reads_one_field_and_extends_once_per_lock() {
         .collect(),
         "commands inside the renewal scripts for {renewed} renewals"
     );
-    let calls = top.get("evalsha").copied().unwrap_or(0);
+    // How many locks share a call depends on when they were taken (a busy
+    // machine spreads 20 acquisitions over several batches): watchdog.rs
+    // checks the batching, with 10,000 locks.
+    assert_only_script_calls(&top);
+}
+
+/// The top-level commands are script calls, but for what loads a script
+/// (an `EVAL` where the server lacked it) or opens a connection (the `PING`
+/// that proves it, the subscriber's `HELLO`): the pool may open one in the
+/// background at any time.
+fn assert_only_script_calls(top: &BTreeMap<String, usize>) {
     assert!(
-        calls * (LOCKS / 2) <= renewed,
-        "{calls} renewal calls for {renewed} renewals: not batched"
+        top.keys()
+            .all(|c| ["evalsha", "eval", "ping", "hello"].contains(&c.as_str())),
+        "commands other than script calls: {top:?}"
     );
 }
