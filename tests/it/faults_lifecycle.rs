@@ -14,7 +14,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::faults_common::{figure, is_script_call, numsub, server_count, Monitor};
+use crate::faults_common::{figure, is_acquire_of, numsub, server_count, Monitor};
 use crate::support::{wait_until, RedisServer};
 use redlease::Client;
 
@@ -219,7 +219,7 @@ fn panic_while_holding_releases_and_wakes_a_waiter() {
         });
         monitor.wait_for(
             "the waiter's attempt after subscribing",
-            |l| is_script_call(l, waiter.id()),
+            |l| is_acquire_of(l, NAME) && l.contains(waiter.id()),
             2,
         );
 

@@ -10,7 +10,9 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::faults_common::{figure, is_script_call, numsub, warm_subscriber, Monitor};
+use crate::faults_common::{
+    figure, is_acquire_of, is_script_call, numsub, warm_subscriber, Monitor,
+};
 use crate::support::{wait_until, Proxy, RedisServer};
 use redlease::Client;
 
@@ -162,7 +164,7 @@ fn release_missed_while_subscriber_is_down() {
     let channel = "redisson_lock__channel:{pubsub:missed}";
     monitor.wait_for(
         "the waiters to wait",
-        |l| is_script_call(l, waiters.id()),
+        |l| is_acquire_of(l, NAME) && l.contains(waiters.id()),
         2 * N,
     );
     assert!(srv.ping(Duration::from_secs(5)));

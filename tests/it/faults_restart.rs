@@ -8,7 +8,9 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::faults_common::{figure, ms, server_lock_keys, timed, warm_subscriber, Monitor, MARGIN};
+use crate::faults_common::{
+    figure, is_acquire_of, ms, server_lock_keys, timed, warm_subscriber, Monitor, MARGIN,
+};
 use crate::support::{wait_until, RedisServer};
 use redlease::{Client, ClientBuilder};
 
@@ -173,7 +175,7 @@ fn restart_loses_held_locks_and_wakes_waiters() {
     // passed (the PING), so the busy reply has been written to it.
     monitor.wait_for(
         "the waiter's acquire attempt after subscribing",
-        |line| line.contains("\"EVALSHA\"") && line.contains(waiter.id()),
+        |line| is_acquire_of(line, "restart:contested") && line.contains(waiter.id()),
         2,
     );
     assert!(srv.ping(Duration::from_secs(5)));
