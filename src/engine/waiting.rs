@@ -82,6 +82,7 @@ pub(crate) struct Waiters<'a> {
 
 /// A waiter's process's place in a reentrant lock's queue: the queue's key
 /// and the process's wake-up channel.
+#[derive(Clone)]
 struct QueueNames {
     key: String,
     channel: String,
@@ -90,8 +91,10 @@ struct QueueNames {
 impl Waiters<'_> {
     /// Try; if busy, subscribe, then retry and wait for a message or the
     /// hint, whichever comes first, until `deadline`. Every try rides out a
-    /// failover ([`through_failover`]). `try_once` is told, from the second
-    /// try on, where its process queues (a kind with a queue only).
+    /// failover ([`through_failover`]), and the wait rides out an outage
+    /// within the bound of its last answered try ([`Outage`]). `try_once`
+    /// is told, from the second try on, where its process queues (a kind
+    /// with a queue only).
     pub(crate) fn acquire<T>(
         &self,
         deadline: Option<Instant>,
@@ -121,12 +124,7 @@ impl Waiters<'_> {
         // Whether a try may have queued this process.
         let mut joined = false;
         let mut wait = || -> Result<Option<T>> {
-            // Set when the wait ended only because the subscription is not
-            // confirmed (its link may be failing): the try that follows is a
-            // re-check, and a connection failure of it does not end the wait
-            // (the same outage may have broken the link), as long as the
-            // bound of the last answered try has not passed.
-            let mut recheck_until: Option<Instant> = None;
+            let mut outage = Outage::new();
             loop {
                 let queued = queue.as_ref().map(|q| Queued {
                     key: &q.key,
@@ -157,18 +155,33 @@ impl Waiters<'_> {
                         // nothing, but its lease runs out.
                         let hint = hint.unwrap_or(self.recheck).max(Duration::from_millis(1));
                         let until = now.checked_add(hint).unwrap_or_else(|| far_future(now));
-                        deadline.map_or(until, |d| until.min(d))
+                        outage.answered(deadline.map_or(until, |d| until.min(d)))
                     }
-                    // An error drops the subscription, which passes a wake-up
-                    // this retry took on to another waiter.
-                    Err(e) => failed_recheck(e, recheck_until, self.name)?,
+                    // An error that ends the wait drops the subscription,
+                    // which passes a wake-up this retry took on to another
+                    // waiter.
+                    Err(e) => {
+                        let at = outage.failed(e, self.name)?;
+                        // The wait goes on, and so does a wake-up this
+                        // retry took: to another waiter of this process or,
+                        // when none is left here, of another process (this
+                        // one leaves the queue; its next answered try joins
+                        // it again). Either may find the lock free while
+                        // this one's link fails.
+                        if subscription.pass_on() && joined {
+                            if let (Some(client), Some(q)) = (self.client, &queue) {
+                                self.leave(client, q.clone());
+                            }
+                        }
+                        // A pause, not a wait on the subscription: a wake-up
+                        // passed on must not come straight back to this
+                        // waiter.
+                        std::thread::sleep(at.saturating_duration_since(Instant::now()));
+                        continue;
+                    }
                 };
-                recheck_until = None;
                 match subscription.wait_until(until)? {
-                    Wake::Woken => {}
-                    Wake::TimedOut => {
-                        recheck_until = (Instant::now() < until).then_some(until);
-                    }
+                    Wake::Woken | Wake::TimedOut => {}
                     Wake::Moved(to) => {
                         // The channel's slot moved or its node failed
                         // (Cluster): subscribe where it is now, then retry (a
@@ -274,21 +287,53 @@ pub(crate) fn through_failover<T>(
     }
 }
 
-/// A try that failed with `e`: if it was a re-check made only because the
-/// subscription is not confirmed (`recheck_until`, the bound of the last
-/// answered try, still ahead) and it failed the way an outage or a
-/// failover looks (no connection, `LOADING`, ...: what broke the link may
-/// have broken this too), the instant to wait on until; else `e`.
-pub(crate) fn failed_recheck(
-    e: Error,
-    recheck_until: Option<Instant>,
-    name: &str,
-) -> Result<Instant> {
-    match recheck_until.filter(|u| Instant::now() < *u) {
-        Some(until) if e.is_failover_symptom() => {
-            log::debug!("{name:?}: a re-check failed ({e}); waiting on");
-            Ok(until)
+/// The first pause before a try that follows a failed one, within a wait.
+const OUTAGE_FIRST_PAUSE: Duration = Duration::from_millis(50);
+/// The longest such pause.
+const OUTAGE_MAX_PAUSE: Duration = Duration::from_millis(500);
+
+/// How a wait rides out an outage: a try that fails the way an outage or a
+/// failover looks (no connection, a connection lost, `LOADING`, ...) does
+/// not end the wait while the bound of the last answered try (the holder's
+/// lease it saw, or the kind's re-check) is ahead, whatever ended the wait
+/// before it (a release message, a reconnect, a re-check); the next try
+/// comes after a pause growing from 50 ms to 500 ms (jittered), within that
+/// bound. Any other failure, or one past the bound, ends the wait with its
+/// error. Shared by the acquire loop of every kind and the MultiLock's.
+pub(crate) struct Outage {
+    /// The bound of the last answered try (`None` before one).
+    bound: Option<Instant>,
+    pause: Duration,
+}
+
+impl Outage {
+    pub(crate) fn new() -> Outage {
+        Outage {
+            bound: None,
+            pause: OUTAGE_FIRST_PAUSE,
         }
-        _ => Err(e),
+    }
+
+    /// A try was answered, and the wait it leads to ends at `until`:
+    /// `until`.
+    pub(crate) fn answered(&mut self, until: Instant) -> Instant {
+        self.bound = Some(until);
+        self.pause = OUTAGE_FIRST_PAUSE;
+        until
+    }
+
+    /// A try failed with `e`: when to try again, or `e` when the failure
+    /// ends the wait.
+    pub(crate) fn failed(&mut self, e: Error, name: &str) -> Result<Instant> {
+        let now = Instant::now();
+        match self.bound.filter(|b| now < *b) {
+            Some(bound) if e.is_failover_symptom() => {
+                let pause = jitter(self.pause, 0.5);
+                self.pause = (self.pause * 2).min(OUTAGE_MAX_PAUSE);
+                log::debug!("{name:?}: a try failed ({e}); trying again in {pause:?}");
+                Ok(now.checked_add(pause).map_or(bound, |at| at.min(bound)))
+            }
+            _ => Err(e),
+        }
     }
 }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::engine::hold::LostListener;
-use crate::engine::waiting::failed_recheck;
+use crate::engine::waiting::Outage;
 use crate::error::{Error, Result};
 use crate::kinds::guard::{LockGuard, Release};
 use crate::kinds::lock::{Attempt, Lock, Request, Terms, Wait};
@@ -461,11 +461,9 @@ impl Group {
         let notify = Arc::new(Notify::default());
         let mut subs: Vec<Option<Subscription>> = self.members.iter().map(|_| None).collect();
         let mut backoff = Duration::from_millis(5);
-        // Set when the last wait ended only because a subscription is not
-        // confirmed: a connection failure of the round that follows does
-        // not end the wait while the bound of the last answered round lasts
-        // (as in the shared acquire loop, `engine::waiting`).
-        let mut recheck_until: Option<Instant> = None;
+        // A round that fails the way an outage looks does not end the wait
+        // while the bound of the last answered round lasts.
+        let mut outage = Outage::new();
         loop {
             let round = self.round(&terms);
             rounds += 1;
@@ -516,25 +514,17 @@ impl Group {
                     let ttl = busy.unwrap_or(NO_TTL_RECHECK).max(Duration::from_millis(1));
                     let now = Instant::now();
                     let until = now.checked_add(ttl).unwrap_or(now + NO_TTL_RECHECK);
-                    deadline.map_or(until, |d| until.min(d))
+                    outage.answered(deadline.map_or(until, |d| until.min(d)))
                 }
-                Err(e) => failed_recheck(e, recheck_until, &self.name())?,
+                Err(e) => outage.failed(e, &self.name())?,
             };
             // Sooner while a subscription is not confirmed.
             let at = subs.iter().flatten().fold(until, |at, s| s.bound(at));
             notify.wait_until(at);
-            // Ended before its bound by no message (a re-check of an
-            // unconfirmed subscription, or a lost subscriber connection):
-            // the round that follows is a re-check.
-            let mut woken = false;
             for (i, m) in self.members.iter().enumerate() {
                 let moved = match &subs[i] {
                     Some(s) => match s.try_take()? {
                         Some(Wake::Moved(to)) => Some(to),
-                        Some(Wake::Woken) => {
-                            woken = true;
-                            None
-                        }
                         _ => None,
                     },
                     None => None,
@@ -549,7 +539,6 @@ impl Group {
                     subs[i] = Some(s);
                 }
             }
-            recheck_until = (!woken && Instant::now() < until).then_some(until);
         }
     }
 

@@ -5,10 +5,14 @@
 //!
 //! Figures are printed as `FIGURE:` lines (run with `--nocapture` to see them).
 
+use std::sync::{mpsc, Arc};
+use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::faults_common::{figure, lock_keys, ms, server_count};
-use crate::support::{wait_until, Proxy, RedisServer};
+use crate::faults_common::{
+    figure, is_acquire_of, lock_keys, ms, server_count, server_lock_keys, warm_subscriber, Monitor,
+};
+use crate::support::{wait_until, Fault, Proxy, RedisServer};
 use redlease::{Client, Lock, LockGuard};
 
 /// Cycles per test: each of the six ways to cut (1-3 holds, the cut at each
@@ -265,4 +269,77 @@ fn cut_then_no_connection() {
         assert!(!lock.is_locked().unwrap());
         drop(rig.srv);
     }
+}
+
+/// A waiter woken by a release whose next try is cut after it reached Redis
+/// (and each retry on a new connection too) keeps waiting, and its next try
+/// takes the lock: a wait rides out a try that failed the way an outage
+/// looks while the holder's lease it last saw lasts, whatever woke it.
+/// Before, only a re-check of an unconfirmed subscription did; a try after
+/// a release message (or a reconnect, as after a restart) ended `lock()`
+/// with the error.
+#[test]
+fn a_woken_waiter_whose_try_is_cut_waits_on() {
+    const NAME: &str = "cut:woken";
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let holder = Client::builder(srv.url()).build().expect("build holder");
+    let waiter = Arc::new(
+        Client::builder(proxy.url())
+            .response_timeout(Duration::from_secs(1))
+            .connection_timeout(Duration::from_secs(1))
+            .build()
+            .expect("build waiter"),
+    );
+    warm_subscriber(&holder, &waiter);
+    let g = holder.lock(NAME).lock().expect("holder lock");
+    let mut monitor = Monitor::start(&srv);
+    let (tx, rx) = mpsc::channel();
+    let thread = {
+        let waiter = Arc::clone(&waiter);
+        thread::spawn(move || {
+            let lock = waiter.lock(NAME);
+            let got = lock.lock().map(|g| {
+                let count = lock.hold_count();
+                g.unlock().map(|()| count)
+            });
+            tx.send(format!("{got:?}")).unwrap();
+        })
+    };
+    // Blocked in its wait once Redis ran its try after subscribing.
+    monitor.wait_for(
+        "the waiter's acquire try after subscribing",
+        |line| is_acquire_of(line, NAME) && line.contains(waiter.id()),
+        2,
+    );
+    assert!(srv.ping(Duration::from_secs(5)));
+    // The try the release wakes, and each of its retries on a new
+    // connection, run on Redis and lose their reply.
+    let attempts = 1 + 3; // the client's default retry_attempts
+    let rule = proxy.add_rule(b"redlease_acquire_cancel", Fault::CutAfterRequest, attempts);
+    let released = Instant::now();
+    g.unlock().expect("holder unlock");
+    let got = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the waiter's lock() to return");
+    figure(&format!(
+        "a woken waiter whose try was cut {attempts} times took the lock {} ms after the \
+         release (holder lease 30 s)",
+        ms(released.elapsed())
+    ));
+    thread.join().expect("waiter thread");
+    assert_eq!(
+        proxy.hits(rule),
+        attempts,
+        "the woken try and its retries were cut"
+    );
+    assert_eq!(
+        got, "Ok(Ok(Ok(1)))",
+        "the waiter takes the lock once (count 1) and releases it"
+    );
+    assert_eq!(
+        server_lock_keys(&srv),
+        Vec::<String>::new(),
+        "no lock left behind"
+    );
 }

@@ -290,8 +290,12 @@ fn locks_sharing_a_channel_do_not_strand_each_others_waiters() {
 /// Defect 8: two waiters of one lock in one process; the release wakes one,
 /// and its retry fails (its acquire request vanishes, so it times out). Before
 /// the fix the wake-up it had consumed was gone and the other waiter slept
-/// until the 30 s lease ran out. Now the failed waiter's subscription passes
-/// the wake-up on, and the other waiter takes the lock at once.
+/// until the 30 s lease ran out. Now the failed waiter passes the wake-up on
+/// and waits on (a failed try does not end a wait within the holder's
+/// lease): one of the two takes the lock within about one response timeout
+/// of the release, and the other after it. (Which one first is not pinned
+/// here: the failed one tries again after a pause of its own. The hand-off
+/// tests pin the passing on between processes, where it is the only way.)
 #[test]
 fn wake_up_of_a_failed_retry_is_passed_on() {
     const NAME: &str = "pubsub:passed";
@@ -322,15 +326,14 @@ fn wake_up_of_a_failed_retry_is_passed_on() {
         t.join().expect("waiter thread");
     }
     assert_eq!(proxy.hits(rule), 1, "exactly one retry was swallowed");
-    let failed = results.iter().filter(|(_, _, r)| r.is_err()).count();
-    assert_eq!(failed, 1, "the woken waiter's retry failed: {results:?}");
-    let (_, at, _) = results
-        .iter()
-        .find(|(_, _, r)| matches!(r, Ok(true)))
-        .unwrap_or_else(|| panic!("the other waiter got the lock: {results:?}"));
+    assert!(
+        results.iter().all(|(_, _, r)| matches!(r, Ok(true))),
+        "both waiters got the lock, the one whose retry failed too: {results:?}"
+    );
+    let (_, at, _) = results[0];
     let took = at.saturating_duration_since(released);
     figure(&format!(
-        "woken waiter's retry failed: the other waiter acquired {} ms after the release",
+        "woken waiter's retry failed: the lock was taken {} ms after the release",
         took.as_millis()
     ));
     assert!(
