@@ -6,11 +6,17 @@
 //! Each kind brings its attempt (a script call and what its reply means),
 //! its channel and its wake rule.
 //!
+//! A try that fails the way an outage looks does not end the wait within
+//! the bound of the last answered try ([`Outage`]): the waiter steps out
+//! (unsubscribes, passing on a wake-up it took), tries again after a pause,
+//! and subscribes again once a try is answered.
+//!
 //! A reentrant lock's waiter also listens on its process's own wake-up
 //! channel and, from its second try on, queues its process in the lock's
 //! queue (see queue_lib.lua): a release then wakes one queued process
 //! instead of every process that waits. A process whose last waiter gives
-//! up leaves the queue, passing on a wake-up it was given.
+//! up or steps out leaves the queue, passing on a wake-up it was given; a
+//! release skips a queued process that nobody listens for.
 
 use std::time::{Duration, Instant};
 
@@ -109,9 +115,23 @@ impl Waiters<'_> {
         };
         let mut attempt =
             |q: Option<&Queued>| through_failover(self.router, self.name, deadline, || try_once(q));
-        if let Attempt::Acquired(g) = attempt(None)? {
-            acquired(false);
-            return Ok(Some(g));
+        let mut outage = Outage::new();
+        // The bound of an answered busy try: the hint (a crashed holder
+        // publishes nothing, but its lease runs out), within the deadline.
+        let bound = |hint: Option<Duration>| {
+            let now = Instant::now();
+            let hint = hint.unwrap_or(self.recheck).max(Duration::from_millis(1));
+            let until = now.checked_add(hint).unwrap_or_else(|| far_future(now));
+            deadline.map_or(until, |d| until.min(d))
+        };
+        match attempt(None)? {
+            Attempt::Acquired(g) => {
+                acquired(false);
+                return Ok(Some(g));
+            }
+            Attempt::Busy(hint) => {
+                outage.answered(bound(hint));
+            }
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Ok(None);
@@ -120,26 +140,32 @@ impl Waiters<'_> {
             key: scripts::queue_name(self.name),
             channel: scripts::wake_channel_name(self.name, &client.uuid),
         });
-        let mut subscription = self.subscribe_queued(deadline, queue.as_ref())?;
+        // `None` while the waiter has stepped out after a failed try (see
+        // below), until a try is answered again.
+        let mut subscription = Some(self.subscribe_queued(deadline, queue.as_ref())?);
         // Whether a try may have queued this process.
         let mut joined = false;
         let mut wait = || -> Result<Option<T>> {
-            let mut outage = Outage::new();
             loop {
-                let queued = queue.as_ref().map(|q| Queued {
-                    key: &q.key,
-                    channel: &q.channel,
-                    stay: subscription.others_waiting(),
-                    wait_ms: deadline.map_or(QUEUE_WAIT_CAP_MS, |d| {
-                        u64::try_from(d.saturating_duration_since(Instant::now()).as_millis())
-                            .unwrap_or(u64::MAX)
-                            .min(QUEUE_WAIT_CAP_MS)
+                // Only a subscribed waiter queues its process: a release
+                // that wakes the process must find it listening.
+                let queued = match (&queue, &subscription) {
+                    (Some(q), Some(sub)) => Some(Queued {
+                        key: &q.key,
+                        channel: &q.channel,
+                        stay: sub.others_waiting(),
+                        wait_ms: deadline.map_or(QUEUE_WAIT_CAP_MS, |d| {
+                            u64::try_from(d.saturating_duration_since(Instant::now()).as_millis())
+                                .unwrap_or(u64::MAX)
+                                .min(QUEUE_WAIT_CAP_MS)
+                        }),
                     }),
-                });
+                    _ => None,
+                };
                 joined |= queued.is_some();
                 let tried = attempt(queued.as_ref());
-                if tried.is_ok() {
-                    subscription.used();
+                if let (Ok(_), Some(sub)) = (&tried, &subscription) {
+                    sub.used();
                 }
                 let until = match tried {
                     Ok(Attempt::Acquired(g)) => {
@@ -147,65 +173,74 @@ impl Waiters<'_> {
                         return Ok(Some(g));
                     }
                     Ok(Attempt::Busy(hint)) => {
-                        let now = Instant::now();
-                        if deadline.is_some_and(|d| now >= d) {
+                        if deadline.is_some_and(|d| Instant::now() >= d) {
                             return Ok(None);
                         }
-                        // Bounded by the hint: a crashed holder publishes
-                        // nothing, but its lease runs out.
-                        let hint = hint.unwrap_or(self.recheck).max(Duration::from_millis(1));
-                        let until = now.checked_add(hint).unwrap_or_else(|| far_future(now));
-                        outage.answered(deadline.map_or(until, |d| until.min(d)))
+                        outage.answered(bound(hint))
                     }
                     // An error that ends the wait drops the subscription,
                     // which passes a wake-up this retry took on to another
                     // waiter.
                     Err(e) => {
                         let at = outage.failed(e, self.name)?;
-                        // The wait goes on, and so does a wake-up this
-                        // retry took: to another waiter of this process or,
-                        // when none is left here, of another process (this
-                        // one leaves the queue; its next answered try joins
-                        // it again). Either may find the lock free while
-                        // this one's link fails.
-                        if subscription.pass_on() && joined {
-                            if let (Some(client), Some(q)) = (self.client, &queue) {
-                                self.leave(client, q.clone());
+                        // The wait goes on, but the waiter steps out as one
+                        // that gives up does: a wake-up it took goes to
+                        // another waiter of this process or, from its last,
+                        // to the next queued process (this one leaves the
+                        // queue, and a release skips a process that nobody
+                        // listens for). Either may find the lock free while
+                        // this one's link fails. It subscribes again once a
+                        // try is answered.
+                        if let Some(sub) = subscription.take() {
+                            if let (Some(client), Some(q), true) =
+                                (self.client, &queue, sub.close())
+                            {
+                                if joined {
+                                    self.leave(client, q.clone());
+                                }
                             }
                         }
-                        // A pause, not a wait on the subscription: a wake-up
-                        // passed on must not come straight back to this
-                        // waiter.
                         std::thread::sleep(at.saturating_duration_since(Instant::now()));
                         continue;
                     }
                 };
-                match subscription.wait_until(until)? {
+                let Some(sub) = &subscription else {
+                    // Answered again: listen, then try once more before
+                    // waiting (a release in between is not missed).
+                    subscription = Some(self.subscribe_queued(deadline, queue.as_ref())?);
+                    continue;
+                };
+                match sub.wait_until(until)? {
                     Wake::Woken | Wake::TimedOut => {}
                     Wake::Moved(to) => {
                         // The channel's slot moved or its node failed
                         // (Cluster): subscribe where it is now, then retry (a
                         // release between the two is not missed).
                         self.router.channel_moved(self.channel, to.as_deref());
-                        subscription = self.subscribe_queued(deadline, queue.as_ref())?;
+                        subscription = Some(self.subscribe_queued(deadline, queue.as_ref())?);
                     }
                 }
             }
         };
         let got = wait();
-        if let (Some(client), Some(q), true, false) =
-            (self.client, queue, joined, matches!(got, Ok(Some(_))))
-        {
-            if subscription.close() {
+        if let (Some(client), Some(q), Some(sub), true, false) = (
+            self.client,
+            queue,
+            subscription,
+            joined,
+            matches!(got, Ok(Some(_))),
+        ) {
+            if sub.close() {
                 self.leave(client, q);
             }
         }
         got
     }
 
-    /// This process's last waiter gave up: its process leaves the queue,
-    /// passing on a wake-up a release already gave it (see leave.lua), in
-    /// the background (the wait returns now) and retried until it has run.
+    /// This process's last waiter gave up, or stepped out after a failed
+    /// try: its process leaves the queue, passing on a wake-up a release
+    /// already gave it (see leave.lua), in the background (the wait goes on
+    /// or returns now) and retried until it has run.
     /// A leave that runs after a new waiter of this process queued again
     /// takes that entry too: the new waiter is then woken by a release that
     /// finds nobody queued, or tries again at the bound of its wait.
@@ -297,9 +332,10 @@ const OUTAGE_MAX_PAUSE: Duration = Duration::from_millis(500);
 /// not end the wait while the bound of the last answered try (the holder's
 /// lease it saw, or the kind's re-check) is ahead, whatever ended the wait
 /// before it (a release message, a reconnect, a re-check); the next try
-/// comes after a pause growing from 50 ms to 500 ms (jittered), within that
-/// bound. Any other failure, or one past the bound, ends the wait with its
-/// error. Shared by the acquire loop of every kind and the MultiLock's.
+/// comes after a pause of about 50 ms, doubling up to about 500 ms (each
+/// jittered by half), within that bound. Any other failure, or one past the
+/// bound, ends the wait with its error. Shared by the acquire loop of every
+/// kind and the MultiLock's.
 pub(crate) struct Outage {
     /// The bound of the last answered try (`None` before one).
     bound: Option<Instant>,

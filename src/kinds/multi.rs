@@ -464,6 +464,13 @@ impl Group {
         // A round that fails the way an outage looks does not end the wait
         // while the bound of the last answered round lasts.
         let mut outage = Outage::new();
+        // The bound of a busy round: the holders' leases (a crashed holder
+        // publishes nothing), within the deadline.
+        let bound = |busy: Option<Duration>, now: Instant| {
+            let ttl = busy.unwrap_or(NO_TTL_RECHECK).max(Duration::from_millis(1));
+            let until = now.checked_add(ttl).unwrap_or(now + NO_TTL_RECHECK);
+            deadline.map_or(until, |d| until.min(d))
+        };
         loop {
             let round = self.round(&terms);
             rounds += 1;
@@ -495,6 +502,9 @@ impl Group {
                         }
                     }
                     if subscribed {
+                        // The round that follows rides out an outage within
+                        // the holders' leases this one saw.
+                        outage.answered(bound(busy, now));
                         continue;
                     }
                     if split {
@@ -509,12 +519,7 @@ impl Group {
                         };
                         std::thread::sleep(pause);
                     }
-                    // Bounded by the holders' leases: a crashed holder
-                    // publishes nothing.
-                    let ttl = busy.unwrap_or(NO_TTL_RECHECK).max(Duration::from_millis(1));
-                    let now = Instant::now();
-                    let until = now.checked_add(ttl).unwrap_or(now + NO_TTL_RECHECK);
-                    outage.answered(deadline.map_or(until, |d| until.min(d)))
+                    outage.answered(bound(busy, Instant::now()))
                 }
                 Err(e) => outage.failed(e, &self.name())?,
             };

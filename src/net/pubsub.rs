@@ -764,24 +764,6 @@ impl Subscription {
         self.held.set(false);
     }
 
-    /// The retry after the last wake-up failed and the waiter waits on: the
-    /// wake-up it took goes to another waiter of this lock in this process,
-    /// if there is one, which may find the lock free while this one's link
-    /// fails (as when a waiter gives up: see `end`). `true` if it took one
-    /// and no other waiter of the lock is left here: a wake-up given to the
-    /// process is then the caller's to pass on.
-    pub(crate) fn pass_on(&self) -> bool {
-        if !self.held.replace(false) {
-            return false;
-        }
-        let mut state = self.latch.state.lock();
-        if state.waiters > 1 && state.failed.is_none() {
-            state.permits = (state.permits + 1).min(state.waiters - 1);
-            self.latch.wake.notify_one();
-        }
-        state.waiters <= 1
-    }
-
     /// Whether Redis acknowledged every channel's SUBSCRIBE on the current
     /// connection.
     fn confirmed(&self) -> bool {

@@ -14,17 +14,17 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redlease::Client;
+use redlease::{Client, LockGuard};
 
 use crate::faults_common::{figure, is_acquire_of, warm_subscriber, Monitor};
 use crate::support::{wait_until, Fault, Proxy, RedisServer};
 
-const WAIT: Duration = Duration::from_secs(10);
+pub(crate) const WAIT: Duration = Duration::from_secs(10);
 /// A hand-off by a release message comes well within this; every holder's
 /// lease here is 30 s, so only a message explains an acquisition inside it.
 const HANDOFF_BOUND: Duration = Duration::from_secs(5);
 
-fn client(url: &str) -> Client {
+pub(crate) fn client(url: &str) -> Client {
     Client::builder(url)
         .watchdog_timeout(Duration::from_secs(30))
         .build()
@@ -39,17 +39,17 @@ fn tag(name: &str) -> &str {
     }
 }
 
-fn queue(name: &str) -> String {
+pub(crate) fn queue(name: &str) -> String {
     format!("redlease_waiting:{{{}}}:{name}", tag(name))
 }
 
-fn wake_channel(name: &str, c: &Client) -> String {
+pub(crate) fn wake_channel(name: &str, c: &Client) -> String {
     format!("redlease_wake:{{{}}}:{name}:{}", tag(name), c.id())
 }
 
 /// Waits for the lock on another thread: sends `(index, acquired at)` (or
 /// `None` at the deadline), then holds it until told (or 30 s).
-fn spawn_waiter(
+pub(crate) fn spawn_waiter(
     c: &Client,
     name: &'static str,
     index: usize,
@@ -69,6 +69,80 @@ fn spawn_waiter(
         drop(got);
     });
     go
+}
+
+/// What a waiter of [`spawn_waiter`] sends: its index, and when it got the
+/// lock (`None`: it did not).
+pub(crate) type Returned = (usize, Option<Instant>);
+
+/// A holder and a patient client on the server, a failing client through a
+/// proxy (response timeout 500 ms), their subscribers warmed up.
+pub(crate) struct Rig {
+    pub(crate) holder: Client,
+    pub(crate) failing: Client,
+    pub(crate) patient: Client,
+    pub(crate) proxy: Proxy,
+    // Last: the server goes after the clients.
+    pub(crate) srv: RedisServer,
+}
+
+impl Rig {
+    /// The holder takes `name`; then `failing` waiters of the failing client
+    /// (numbered from 0, each waiting `wait`) and one of the patient client
+    /// (numbered `failing`, waiting 25 s) queue behind it, in that order.
+    /// The holder's guard, the waiters' results (see [`spawn_waiter`]), and
+    /// what tells the patient waiter to release.
+    pub(crate) fn queue_up(
+        &self,
+        name: &'static str,
+        failing: usize,
+        wait: Duration,
+    ) -> (LockGuard, mpsc::Receiver<Returned>, mpsc::Sender<()>) {
+        let g = self.holder.lock(name).lock().expect("holder");
+        let mut monitor = Monitor::start(&self.srv);
+        let (tx, rx) = mpsc::channel();
+        for i in 0..failing {
+            // Not told to hold on: each releases once it has the lock.
+            let _ = spawn_waiter(&self.failing, name, i, wait, &tx);
+        }
+        // Each failing waiter made its first try and its queued one.
+        monitor.wait_for(
+            "the failing client's waiters subscribed and queued",
+            |l| is_acquire_of(l, name) && l.contains(self.failing.id()),
+            2 * failing,
+        );
+        wait_until("the failing client queued", WAIT, || {
+            !self
+                .srv
+                .cmd(&["ZSCORE", &queue(name), &wake_channel(name, &self.failing)])
+                .is_empty()
+        });
+        let go = spawn_waiter(&self.patient, name, failing, Duration::from_secs(25), &tx);
+        wait_until("both clients queued", WAIT, || {
+            self.srv.cmd(&["ZCARD", &queue(name)]) == "2"
+        });
+        (g, rx, go)
+    }
+}
+
+pub(crate) fn rig() -> Rig {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let holder = client(&srv.url());
+    let failing = Client::builder(proxy.url())
+        .response_timeout(Duration::from_millis(500))
+        .build()
+        .expect("client through the proxy");
+    let patient = client(&srv.url());
+    warm_subscriber(&holder, &failing);
+    warm_subscriber(&holder, &patient);
+    Rig {
+        holder,
+        failing,
+        patient,
+        proxy,
+        srv,
+    }
 }
 
 #[test]
@@ -134,7 +208,7 @@ fn sha(parts: &[&str]) -> Vec<u8> {
 
 const QUEUE_LIB: &str = include_str!("../../src/scripts/queue_lib.lua");
 
-fn acquire_sha() -> Vec<u8> {
+pub(crate) fn acquire_sha() -> Vec<u8> {
     sha(&[QUEUE_LIB, include_str!("../../src/scripts/acquire.lua")])
 }
 
@@ -157,7 +231,7 @@ fn a_lost_leave_is_retried_and_passes_the_wake_up_on() {
 }
 
 /// A failing client (through a proxy, waiting 20 s) queued first in line
-/// (its entry runs out first) and a patient client (20 s) wait. While the
+/// (its entry runs out first) and a patient client (25 s) wait. While the
 /// rule stands, every try of the failing one gets no answer: the release
 /// wakes it, and it waits on within its bound, but its process leaves the
 /// queue and so passes its wake-up on (`lose_leave`: the leave's first try
@@ -167,27 +241,9 @@ fn a_lost_leave_is_retried_and_passes_the_wake_up_on() {
 /// gone, the failing one takes the lock after the patient one: it rode its
 /// failed tries out.
 fn woken_client_fails_and_passes_on(name: &'static str, lose_leave: bool) {
-    let srv = RedisServer::start();
-    let proxy = Proxy::start(srv.addr());
-    let holder = client(&srv.url());
-    let failing = Client::builder(proxy.url())
-        .response_timeout(Duration::from_millis(500))
-        .build()
-        .expect("client through the proxy");
-    let patient = client(&srv.url());
-    warm_subscriber(&holder, &failing);
-    warm_subscriber(&holder, &patient);
-    let g = holder.lock(name).lock().expect("holder");
-    let (tx, rx) = mpsc::channel();
-    let _f = spawn_waiter(&failing, name, 0, Duration::from_secs(20), &tx);
-    wait_until("the failing client queued", WAIT, || {
-        !srv.cmd(&["ZSCORE", &queue(name), &wake_channel(name, &failing)])
-            .is_empty()
-    });
-    let go_patient = spawn_waiter(&patient, name, 1, Duration::from_secs(20), &tx);
-    wait_until("both clients queued", WAIT, || {
-        srv.cmd(&["ZCARD", &queue(name)]) == "2"
-    });
+    let r = rig();
+    let proxy = &r.proxy;
+    let (g, rx, go_patient) = r.queue_up(name, 1, Duration::from_secs(20));
     let tried = proxy.add_rule(&acquire_sha(), Fault::BlackHole, usize::MAX);
     let left = lose_leave.then(|| proxy.add_rule(&leave_sha(), Fault::BlackHole, 1));
 

@@ -24,6 +24,7 @@ mod faults_lifecycle;
 mod faults_pubsub;
 mod faults_restart;
 mod faults_stall;
+mod faults_waiting;
 mod fenced;
 mod handoff;
 mod inspect;
