@@ -77,6 +77,14 @@ pub(crate) struct Waiters<'a> {
     /// (`Duration::MAX`: none but the subscription's own bound while it is
     /// not confirmed).
     pub(crate) recheck: Duration,
+    /// The longest wait between tries, whatever the hint (`Duration::MAX`:
+    /// none): a fair lock's tries keep its place in line.
+    pub(crate) every: Duration,
+    /// How long after its last answered try a wait rides out an outage at
+    /// most, when the hint's bound comes later (`Duration::MAX`: up to that
+    /// bound, the holder's lease): a fair lock's failed tries do not keep
+    /// its place, and a latch has no lease to bound the wait.
+    pub(crate) ride_out: Duration,
     /// The kind, for the acquisition's event (`None`: a wait that acquires
     /// nothing, the latch's).
     pub(crate) kind: Option<&'static str>,
@@ -116,13 +124,19 @@ impl Waiters<'_> {
         let mut attempt =
             |q: Option<&Queued>| through_failover(self.router, self.name, deadline, || try_once(q));
         let mut outage = Outage::new();
-        // The bound of an answered busy try: the hint (a crashed holder
-        // publishes nothing, but its lease runs out), within the deadline.
-        let bound = |hint: Option<Duration>| {
+        // An answered busy try: the wait's bound (the hint, within `every`:
+        // a crashed holder publishes nothing, but its lease runs out), and
+        // the ride-out's (the hint, within `ride_out`), each within the
+        // deadline.
+        let answered = |outage: &mut Outage, hint: Option<Duration>| {
             let now = Instant::now();
+            let after = |d: Duration| {
+                let until = now.checked_add(d).unwrap_or_else(|| far_future(now));
+                deadline.map_or(until, |d| until.min(d))
+            };
             let hint = hint.unwrap_or(self.recheck).max(Duration::from_millis(1));
-            let until = now.checked_add(hint).unwrap_or_else(|| far_future(now));
-            deadline.map_or(until, |d| until.min(d))
+            outage.answered(after(hint.min(self.ride_out)));
+            after(hint.min(self.every))
         };
         match attempt(None)? {
             Attempt::Acquired(g) => {
@@ -130,7 +144,7 @@ impl Waiters<'_> {
                 return Ok(Some(g));
             }
             Attempt::Busy(hint) => {
-                outage.answered(bound(hint));
+                answered(&mut outage, hint);
             }
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -176,7 +190,7 @@ impl Waiters<'_> {
                         if deadline.is_some_and(|d| Instant::now() >= d) {
                             return Ok(None);
                         }
-                        outage.answered(bound(hint))
+                        answered(&mut outage, hint)
                     }
                     // An error that ends the wait drops the subscription,
                     // which passes a wake-up this retry took on to another
@@ -350,12 +364,11 @@ impl Outage {
         }
     }
 
-    /// A try was answered, and the wait it leads to ends at `until`:
+    /// A try was answered: a failed one rides out the outage until
     /// `until`.
-    pub(crate) fn answered(&mut self, until: Instant) -> Instant {
+    pub(crate) fn answered(&mut self, until: Instant) {
         self.bound = Some(until);
         self.pause = OUTAGE_FIRST_PAUSE;
-        until
     }
 
     /// A try failed with `e`: when to try again, or `e` when the failure

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::engine::shared::Shared;
 use crate::engine::unsettled::{Lost, Unsettled};
-use crate::engine::waiting::{Attempt, Wait, Waiters};
+use crate::engine::waiting::{Wait, Waiters};
 use crate::error::Result;
 use crate::kinds::guard::LockGuard;
 use crate::kinds::lock::{acquire_methods, until_acquired, Lock, Terms};
@@ -181,6 +181,11 @@ impl FairLock {
         let waiters = Waiters {
             channel: &channel,
             recheck: FAIR_RECHECK,
+            // Each answered try keeps the place.
+            every: FAIR_RECHECK,
+            // A failed one does not: an outage is ridden out while the
+            // place lasts, with a re-check to spare.
+            ride_out: Duration::from_millis(place_ms).saturating_sub(FAIR_RECHECK),
             // The fair lock's line is its queue.
             client: None,
             ..lock.waiters()
@@ -189,12 +194,7 @@ impl FairLock {
             let tried = lock.attempt_synced(&terms, None)?;
             // Queued at the end once; later tries keep the place.
             terms.requeue = false;
-            Ok(match tried {
-                Attempt::Busy(hint) => {
-                    Attempt::Busy(Some(hint.map_or(FAIR_RECHECK, |h| h.min(FAIR_RECHECK))))
-                }
-                acquired => acquired,
-            })
+            Ok(tried)
         });
         // Taking the lock took this thread out of the line.
         place.taken = matches!(got, Ok(Some(_)));

@@ -13,6 +13,10 @@ use crate::net::pubsub::WakeRule;
 use crate::net::router::Router;
 use crate::scripts::{self, LatchOp};
 
+/// How long a wait rides out an outage after its last answered read (no
+/// lease bounds a latch's wait).
+const RIDE_OUT: Duration = Duration::from_secs(10);
+
 /// A distributed count-down latch, shared with Redisson's `RCountDownLatch`
 /// on the same name: the count is the string integer at key `<name>`, and
 /// `redisson_countdownlatch__channel__{<name>}` carries `0` when it reaches
@@ -153,7 +157,10 @@ impl CountDownLatch {
     ///
     /// [`Error::InvalidArgument`] for a bad name (as for
     /// [`count`](Self::count)); a Redis or pool error, or Redis refusing
-    /// the subscription.
+    /// the subscription. A read that fails the way an outage looks (no
+    /// connection, a lost reply) is made again, every half second at most,
+    /// for up to 10 s after the last read that Redis answered; then the
+    /// wait fails with its error.
     pub fn wait(&self) -> Result<()> {
         self.wait_deadline(None).map(|_| ())
     }
@@ -205,6 +212,10 @@ impl CountDownLatch {
             // Only a message (or an unconfirmed subscription) has it read
             // again: nobody publishes a count-down's progress.
             recheck: Duration::MAX,
+            every: Duration::MAX,
+            // No lease bounds the wait: an outage is ridden out this long
+            // after the last answered read, then the wait fails.
+            ride_out: RIDE_OUT,
             kind: None,
             client: None,
         };

@@ -625,6 +625,8 @@ impl Lock {
                 WakeRule::One
             },
             recheck: NO_TTL_RECHECK,
+            every: Duration::MAX,
+            ride_out: Duration::MAX,
             kind: Some(self.kind.label()),
             // The reentrant lock queues the processes of its waiters.
             client: matches!(self.kind, Kind::Plain | Kind::Fenced).then_some(&*self.shared),

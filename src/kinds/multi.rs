@@ -519,7 +519,9 @@ impl Group {
                         };
                         std::thread::sleep(pause);
                     }
-                    outage.answered(bound(busy, Instant::now()))
+                    let until = bound(busy, Instant::now());
+                    outage.answered(until);
+                    until
                 }
                 Err(e) => outage.failed(e, &self.name())?,
             };

@@ -96,6 +96,8 @@ impl Names {
             channel: &self.channel,
             rule: WakeRule::Permits,
             recheck: PERMIT_RECHECK,
+            every: Duration::MAX,
+            ride_out: Duration::MAX,
             kind: Some(self.kind),
             client: None,
         }

@@ -13,7 +13,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::faults_common::{figure, is_acquire_of, Monitor};
+use crate::faults_common::{figure, is_acquire_of, is_script_call, Monitor};
 use crate::handoff::{acquire_sha, queue, rig, wake_channel, WAIT};
 use crate::support::{wait_until, Fault};
 
@@ -245,4 +245,85 @@ fn a_multilock_round_cut_after_subscribing_waits_on() {
         cut_hits
     ));
     assert_eq!(got, "Ok(true)");
+}
+
+/// A fair lock's waiter (first in line; the holder's lease 30 s) whose try
+/// is cut after reaching Redis, with its 3 resends: it rides the outage out
+/// within its place's lease and takes the lock once it is released. (Found
+/// by review: the fair lock shortened its busy hint to its 2 s re-check, so
+/// a failed re-check ended `lock()` with the error, and the waiter left the
+/// line.)
+#[test]
+fn a_fair_waiter_rides_out_a_cut_try() {
+    const NAME: &str = "rv:fair";
+    let r = rig();
+    let g = r.holder.fair_lock(NAME).lock().expect("holder");
+    let lock = r.failing.fair_lock(NAME);
+    let mut monitor = Monitor::start(&r.srv);
+    let started = Instant::now();
+    let h = thread::spawn(move || {
+        let got = lock.lock().map(drop);
+        (format!("{got:?}"), Instant::now())
+    });
+    // Only the fair waiter's tries (and its leave) name the places key; the
+    // holder is not behind the proxy.
+    let places = format!("redisson_lock_timeout:{{{NAME}}}");
+    // Its first try and the one after subscribing: the next is its 2 s
+    // re-check, which keeps its place.
+    monitor.wait_for(
+        "the fair waiter's try after subscribing",
+        |l| is_script_call(l, &places) && l.contains(r.failing.id()),
+        2,
+    );
+    let cut = r
+        .proxy
+        .add_rule(places.as_bytes(), Fault::CutAfterRequest, 4);
+    r.proxy.wait_hits(cut, 4, WAIT);
+    drop(g);
+    let (got, at) = h.join().expect("waiter");
+    figure(&format!(
+        "a fair waiter whose try was cut 4 times: lock() = {got} after {} ms",
+        (at - started).as_millis()
+    ));
+    assert_eq!(
+        got, "Ok(())",
+        "lock() rides out a cut try within its place's lease"
+    );
+}
+
+/// A latch's `wait()` (no deadline) whose Redis becomes unreachable rides
+/// the outage out for 10 s after its last answered read, then fails. (Found
+/// by review: no lease bounds a latch's wait, so it waited forever.)
+#[test]
+fn a_latch_wait_without_deadline_fails_once_redis_is_gone_for_10_s() {
+    const NAME: &str = "rv:latch";
+    let r = rig();
+    assert!(r
+        .holder
+        .count_down_latch(NAME)
+        .try_set_count(1)
+        .expect("set the count"));
+    let latch = r.failing.count_down_latch(NAME);
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let got = latch.wait();
+        let _ = tx.send((format!("{got:?}"), Instant::now()));
+    });
+    wait_until("the latch waiter subscribed", WAIT, || {
+        r.srv
+            .subscribers(&format!("redisson_countdownlatch__channel__{{{NAME}}}"))
+            == 1
+    });
+    r.proxy.set_reject(true);
+    let gone = Instant::now();
+    r.proxy.cut();
+    let (got, at) = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("wait() to return within 20 s of Redis becoming unreachable");
+    let took = at.saturating_duration_since(gone);
+    figure(&format!(
+        "a latch wait() with Redis unreachable returned {got} after {} ms",
+        took.as_millis()
+    ));
+    assert!(got.starts_with("Err("), "{got}");
 }
