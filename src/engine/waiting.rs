@@ -344,12 +344,12 @@ const OUTAGE_MAX_PAUSE: Duration = Duration::from_millis(500);
 /// How a wait rides out an outage: a try that fails the way an outage or a
 /// failover looks (no connection, a connection lost, `LOADING`, ...) does
 /// not end the wait while the bound of the last answered try (the holder's
-/// lease it saw, or the kind's re-check) is ahead, whatever ended the wait
-/// before it (a release message, a reconnect, a re-check); the next try
-/// comes after a pause of about 50 ms, doubling up to about 500 ms (each
-/// jittered by half), within that bound. Any other failure, or one past the
-/// bound, ends the wait with its error. Shared by the acquire loop of every
-/// kind and the MultiLock's.
+/// lease it saw, within the kind's `ride_out`) is ahead, whatever ended the
+/// wait before it (a release message, a reconnect, a re-check); the next
+/// try comes after a pause of about 50 ms, doubling up to about 500 ms
+/// (each jittered by half), within that bound. Any other failure, or one
+/// past the bound, ends the wait with its error. Shared by the acquire loop
+/// of every kind and the MultiLock's.
 pub(crate) struct Outage {
     /// The bound of the last answered try (`None` before one).
     bound: Option<Instant>,

@@ -158,9 +158,9 @@ impl CountDownLatch {
     /// [`Error::InvalidArgument`] for a bad name (as for
     /// [`count`](Self::count)); a Redis or pool error, or Redis refusing
     /// the subscription. A read that fails the way an outage looks (no
-    /// connection, a lost reply) is made again, every half second at most,
-    /// for up to 10 s after the last read that Redis answered; then the
-    /// wait fails with its error.
+    /// connection, a lost reply) is made again after a pause (about 50 ms,
+    /// doubling up to about 500 ms), for up to 10 s after the last read
+    /// that Redis answered; then the wait fails with its error.
     pub fn wait(&self) -> Result<()> {
         self.wait_deadline(None).map(|_| ())
     }
