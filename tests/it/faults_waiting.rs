@@ -6,6 +6,9 @@
 //! kept a failing waiter subscribed: two failing waiters of one process
 //! handed the wake-up back and forth while the next process slept until
 //! their deadline, and a try right after subscribing still ended `lock()`.
+//! A second review added the fair lock (it rides out an outage while its
+//! place in line lasts) and the latch (its wait has no lease to bound it:
+//! it fails 10 s after its last answered read).
 //!
 //! Figures are printed as `FIGURE:` lines (run with `--nocapture` to see them).
 
@@ -14,15 +17,15 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::faults_common::{figure, is_acquire_of, is_script_call, Monitor};
-use crate::handoff::{acquire_sha, queue, rig, wake_channel, WAIT};
+use crate::handoff::{acquire_sha, queue, rig, wake_channel, Returned, WAIT};
 use crate::support::{wait_until, Fault};
 
 /// Waits for the waiter at `index` among those that send to `rx`: when it
 /// got the lock (`None`: it did not), and what the others sent meanwhile.
 fn wait_for_waiter(
-    rx: &mpsc::Receiver<(usize, Option<Instant>)>,
+    rx: &mpsc::Receiver<Returned>,
     index: usize,
-) -> (Option<Instant>, Vec<(usize, Option<Instant>)>) {
+) -> (Option<Instant>, Vec<Returned>) {
     let mut others = Vec::new();
     loop {
         let (i, at) = rx
