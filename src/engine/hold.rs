@@ -348,17 +348,21 @@ impl Hold {
         }
     }
 
-    /// A renewal taken with `token` and sent at `sent` extended the lease by
-    /// `lease_ms`: raises the bound unless a lease-setting request began
-    /// since. `true` if it did.
-    pub(crate) fn renewed(&self, token: RenewToken, sent: Instant, lease_ms: u64) -> bool {
+    /// A renewal taken with `token` extended the lease to `until`: raises
+    /// the bound unless a lease-setting request began since (`true` if it
+    /// did), and gives the hold's entry in the watchdog's schedule, under
+    /// the same lock (see [`sched`](Hold::sched) for when to call it).
+    pub(crate) fn renewed(
+        &self,
+        token: RenewToken,
+        until: Instant,
+    ) -> (bool, MappedMutexGuard<'_, Sched>) {
         let mut st = self.lease.lock();
-        if st.busy == 0 && token.epoch == Some(st.epoch) {
-            st.valid_until = st.valid_until.max(deadline(sent, lease_ms));
-            true
-        } else {
-            false
+        let raised = st.busy == 0 && token.epoch == Some(st.epoch);
+        if raised {
+            st.valid_until = st.valid_until.max(until);
         }
+        (raised, MutexGuard::map(st, |st| &mut st.sched))
     }
 
     /// A renewal taken with `token` found generation `gen` in Redis: if no

@@ -50,7 +50,7 @@ use crate::engine::unsettled::Unsettled;
 use crate::net::pool::{fan_out, Job, Synced};
 use crate::net::router::{Group, Router};
 use crate::scripts::{self, Kind};
-use crate::time::{far_future, jitter, warn_limited};
+use crate::time::{deadline, far_future, jitter, warn_limited};
 
 /// The shortest renewal interval the watchdog accepts. Renewing thousands of
 /// locks more often than this would turn the watchdog into a load on Redis.
@@ -314,8 +314,7 @@ impl State {
     /// more, and it puts the locks acquired in one millisecond in one
     /// bucket).
     fn tick(&self, at: Instant) -> u64 {
-        let ns = at.saturating_duration_since(self.base).as_nanos();
-        u64::try_from(ns.div_ceil(1_000_000)).unwrap_or(u64::MAX)
+        tick_of(self.base, at)
     }
 
     /// When tick `t` is due.
@@ -677,14 +676,18 @@ impl Inner {
         self.counters
             .renewals
             .fetch_add(renewed as u64, Ordering::Relaxed);
-        // One pass over the holds: the outcome, then the next entry, each
-        // hold's state locked once more. The schedule's lock is let go every
-        // so often, so that a large batch does not hold up acquisitions.
+        // One pass over the holds: the outcome and the next entry under one
+        // lock of each hold. The schedule's lock is let go every so often, so
+        // that a large batch does not hold up acquisitions. Renewals of one
+        // lease share the bound they give, and those of one interval their
+        // due tick and bucket: each is computed (or looked up) once per run.
         let mut lost = Vec::new();
         let mut st = self.state.lock();
         let mut renewals = batch.into_iter();
         let mut outcomes = outcomes.into_iter();
         let mut k = 0usize;
+        let mut bound: Option<(u64, Instant)> = None;
+        let mut tick: Option<(Instant, u64)> = None;
         while renewals.len() > 0 {
             touch(
                 renewals.as_slice().iter().take(TOUCH).map(|r| &r.hold),
@@ -694,65 +697,108 @@ impl Inner {
             if k % 1024 < TOUCH {
                 MutexGuard::bump(&mut st);
             }
+            let State {
+                schedule,
+                len,
+                base,
+                ..
+            } = &mut *st;
+            let mut bucket: Option<(u64, &mut Vec<Entry>)> = None;
             for (r, outcome) in renewals.by_ref().take(TOUCH).zip(outcomes.by_ref()) {
-                let at = match outcome {
-                    // The bound is raised only by a renewal that no lease-setting
-                    // request of the hold overlapped; else the next renewal comes
-                    // soon.
-                    Some(Outcome::Renewed) if r.hold.renewed(r.token, sent, r.lease_ms) => {
-                        // An entry due at its cap (no interval) stays due then.
-                        Some(match r.interval {
+                let (at, mut sched) = match outcome {
+                    Some(Outcome::Renewed) => {
+                        let until = match bound {
+                            Some((ms, until)) if ms == r.lease_ms => until,
+                            _ => {
+                                let until = deadline(sent, r.lease_ms);
+                                bound = Some((r.lease_ms, until));
+                                until
+                            }
+                        };
+                        // The bound is raised only by a renewal that no
+                        // lease-setting request of the hold overlapped; else
+                        // the next renewal comes soon.
+                        let (raised, sched) = r.hold.renewed(r.token, until);
+                        let at = match r.interval {
+                            _ if !raised => retry(&r),
+                            // An entry due at its cap (no interval) stays due then.
                             Duration::ZERO => r.hold.cap.unwrap_or(sent + RETRY_DELAY),
                             interval => sent + interval,
-                        })
+                        };
+                        (Some(at), sched)
                     }
-                    Some(Outcome::Renewed) => Some(retry(&r)),
-                    // A generation that reads as the one sent but is not
-                    // it (a shape this kind never writes), or none that
-                    // parses: not ours to adopt; renewing again at once
-                    // would only find it again.
-                    Some(Outcome::Stale(gen)) if gen == r.token.gen => {
-                        lost.push((
-                            Arc::clone(&r.hold),
-                            "its owner field carries a generation this client did not write",
-                        ));
-                        None
+                    other => {
+                        let at = match other {
+                            // A generation that reads as the one sent but is
+                            // not it (a shape this kind never writes), or none
+                            // that parses: not ours to adopt; renewing again
+                            // at once would only find it again.
+                            Some(Outcome::Stale(gen)) if gen == r.token.gen => {
+                                lost.push((
+                                    Arc::clone(&r.hold),
+                                    "its owner field carries a generation this client did not write",
+                                ));
+                                None
+                            }
+                            Some(Outcome::Stale(gen)) if r.hold.adopt(r.token, gen) => Some(now),
+                            Some(Outcome::Stale(_)) => Some(retry(&r)),
+                            Some(Outcome::Gone) => {
+                                lost.push((
+                                    Arc::clone(&r.hold),
+                                    "its key or owner field is gone from redis",
+                                ));
+                                None
+                            }
+                            // Not renewed (no answer, an error, too few
+                            // replicas): the bound stays where it was; retried
+                            // soon, lost once it has passed.
+                            None if now >= r.hold.valid_until() => {
+                                lost.push((
+                                    Arc::clone(&r.hold),
+                                    "it could not be renewed before its lease ran out",
+                                ));
+                                None
+                            }
+                            None | Some(Outcome::Renewed) => Some(retry(&r)),
+                        };
+                        (at, r.hold.sched())
                     }
-                    Some(Outcome::Stale(gen)) if r.hold.adopt(r.token, gen) => Some(now),
-                    Some(Outcome::Stale(_)) => Some(retry(&r)),
-                    Some(Outcome::Gone) => {
-                        lost.push((
-                            Arc::clone(&r.hold),
-                            "its key or owner field is gone from redis",
-                        ));
-                        None
-                    }
-                    // Not renewed (no answer, an error, too few replicas): the
-                    // bound stays where it was; retried soon, lost once it has
-                    // passed.
-                    None if now >= r.hold.valid_until() => {
-                        lost.push((
-                            Arc::clone(&r.hold),
-                            "it could not be renewed before its lease ran out",
-                        ));
-                        None
-                    }
-                    None => Some(retry(&r)),
                 };
                 // Checked under the lock that `unwatch` takes: a hold released
                 // during the round trip is not scheduled again.
-                let mut sched = r.hold.sched();
                 let (interval, lease_ms) = match &*sched {
                     Sched::InFlight(Some(terms)) => *terms,
                     _ => (r.interval, r.lease_ms),
                 };
-                *sched = match at {
-                    Some(at) if r.hold.is_watched() => {
-                        let (at, interval) = next_turn(&r.hold, at, interval);
-                        Sched::Queued(st.insert(at, &r.hold, interval, lease_ms))
-                    }
-                    _ => Sched::Idle,
+                let next = match at {
+                    Some(at) if r.hold.is_watched() => Some(next_turn(&r.hold, at, interval)),
+                    _ => None,
                 };
+                let Some((at, interval)) = next else {
+                    *sched = Sched::Idle;
+                    continue;
+                };
+                let t = match tick {
+                    Some((a, t)) if a == at => t,
+                    _ => {
+                        let t = tick_of(*base, at);
+                        tick = Some((at, t));
+                        t
+                    }
+                };
+                let entries = match bucket.take() {
+                    Some((bt, entries)) if bt == t => entries,
+                    _ => schedule.entry(t).or_default(),
+                };
+                *sched = Sched::Queued((t, entries.len()));
+                drop(sched);
+                entries.push(Entry {
+                    interval,
+                    lease_ms,
+                    hold: r.hold,
+                });
+                *len += 1;
+                bucket = Some((t, entries));
             }
         }
         drop(st);
@@ -1023,6 +1069,12 @@ impl Inner {
     }
 }
 
+/// [`State::tick`] of `at` for a schedule that began at `base`.
+fn tick_of(base: Instant, at: Instant) -> u64 {
+    let ns = at.saturating_duration_since(base).as_nanos();
+    u64::try_from(ns.div_ceil(1_000_000)).unwrap_or(u64::MAX)
+}
+
 /// What failed, for grouping settle failures by cause: no connection, the
 /// connection failing, or what Redis answered.
 /// When `hold`'s next renewal is due if its turn is `at`, and the interval
@@ -1109,10 +1161,15 @@ fn same_field(a: &Renewal, b: &Renewal) -> bool {
 /// The schedule hands them over mostly in that order already, and the sort
 /// keeps the runs it finds. Only numbers are compared: no field is read.
 fn sort_chunk(batch: &[Renewal], chunk: &mut [usize]) {
-    chunk.sort_by_key(|&i| {
+    let key = |&i: &usize| {
         let r = &batch[i];
         (r.kind == Kind::Read, r.lease_ms, r.owner)
-    });
+    };
+    // Usually in order already (one owner's locks of one lease): a check
+    // costs less than a sort that finds it so.
+    if !chunk.is_sorted_by_key(key) {
+        chunk.sort_by_key(key);
+    }
 }
 
 /// One section of a renewal script call: `chunk[start..end]`, in `mode`
@@ -1120,7 +1177,38 @@ fn sort_chunk(batch: &[Renewal], chunk: &mut [usize]) {
 struct Section {
     start: usize,
     end: usize,
-    mode: &'static str,
+    mode: Mode,
+}
+
+/// A section's mode (see renew.lua).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// `f`: locks of one owner field (the field once, a generation per lock).
+    Field,
+    /// `e`: locks of one owner prefix, each with its own field.
+    Each,
+    /// `r`: read holds.
+    Read,
+}
+
+impl Mode {
+    /// As renew.lua reads it.
+    fn arg(self) -> &'static [u8] {
+        match self {
+            Mode::Field => b"f",
+            Mode::Each => b"e",
+            Mode::Read => b"r",
+        }
+    }
+
+    /// The arguments each lock of such a section has.
+    fn per_lock(self) -> usize {
+        match self {
+            Mode::Field => 1,
+            Mode::Each => 2,
+            Mode::Read => 3,
+        }
+    }
 }
 
 /// The sections of `chunk`, in its order: a read hold's section (`r`), a run
@@ -1139,7 +1227,7 @@ fn sections(batch: &[Renewal], chunk: &[usize]) -> Vec<Section> {
             out.push(Section {
                 start: s,
                 end: e,
-                mode: "r",
+                mode: Mode::Read,
             });
             s = e;
             continue;
@@ -1156,13 +1244,13 @@ fn sections(batch: &[Renewal], chunk: &[usize]) -> Vec<Section> {
                     out.push(Section {
                         start: from,
                         end: r,
-                        mode: "e",
+                        mode: Mode::Each,
                     });
                 }
                 out.push(Section {
                     start: r,
                     end: q,
-                    mode: "f",
+                    mode: Mode::Field,
                 });
             } else {
                 singles.get_or_insert(r);
@@ -1173,7 +1261,7 @@ fn sections(batch: &[Renewal], chunk: &[usize]) -> Vec<Section> {
             out.push(Section {
                 start: from,
                 end: e,
-                mode: "e",
+                mode: Mode::Each,
             });
         }
         s = e;
@@ -1233,17 +1321,12 @@ fn renew_command(batch: &[Renewal], chunk: &[usize], eval: bool, careful: bool) 
 fn pack_renewal(out: &mut Vec<u8>, batch: &[Renewal], chunk: &[usize]) {
     use redis::{RedisWrite, ToRedisArgs};
     let sections = sections(batch, chunk);
-    let per_lock = |mode: &str| match mode {
-        "f" => 1,
-        "e" => 2,
-        _ => 3,
-    };
     // EVALSHA, the SHA, the key count, the keys, `careful`, the sections.
     let args = 4
         + chunk.len()
         + sections
             .iter()
-            .map(|s| 4 + (s.end - s.start) * per_lock(s.mode))
+            .map(|s| 4 + (s.end - s.start) * s.mode.per_lock())
             .sum::<usize>();
     out.reserve(chunk.len() * 80 + sections.len() * 64 + 96);
     out.push(b'*');
@@ -1280,19 +1363,19 @@ fn write_renewal<W: redis::RedisWrite>(
         let (prefix, _) = split_owner(first.hold.field());
         first.lease_ms.write_redis_args(w);
         (sec.end - sec.start).write_redis_args(w);
-        w.write_arg(sec.mode.as_bytes());
-        w.write_arg(if sec.mode == "f" {
+        w.write_arg(sec.mode.arg());
+        w.write_arg(if sec.mode == Mode::Field {
             first.hold.field().as_bytes()
         } else {
             prefix.as_bytes()
         });
         for &i in &chunk[sec.start..sec.end] {
             let r = &batch[i];
-            if sec.mode != "f" {
+            if sec.mode != Mode::Field {
                 RestArg(r).write_redis_args(w);
             }
             GenArg(r.kind, r.token.gen).write_redis_args(w);
-            if sec.mode == "r" {
+            if sec.mode == Mode::Read {
                 w.write_arg(r.hold.prefix().as_bytes());
             }
         }
@@ -1310,6 +1393,9 @@ struct Packed<'a> {
 
 impl redis::RedisWrite for Packed<'_> {
     fn write_arg(&mut self, arg: &[u8]) {
+        // One capacity check for the whole argument (a length has at most
+        // 20 digits).
+        self.out.reserve(arg.len() + 25);
         self.out.push(b'$');
         push_number(self.out, arg.len() as u64);
         self.out.extend_from_slice(b"\r\n");
@@ -1357,18 +1443,13 @@ impl Drop for NextArg<'_, '_> {
 }
 
 /// Appends `n` in decimal.
-fn push_number(out: &mut Vec<u8>, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
+fn push_number(out: &mut Vec<u8>, n: u64) {
+    match n {
+        // Most lengths: a name, a generation's digits.
+        0..=9 => out.push(b'0' + n as u8),
+        10..=99 => out.extend_from_slice(&[b'0' + (n / 10) as u8, b'0' + (n % 10) as u8]),
+        _ => out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes()),
     }
-    out.extend_from_slice(&digits[i..]);
 }
 
 /// What the renewal script says of each of its `n` locks.
@@ -1455,7 +1536,10 @@ mod tests {
         ];
         let mut chunk: Vec<usize> = (0..batch.len()).collect();
         sort_chunk(&batch, &mut chunk);
-        let modes: String = sections(&batch, &chunk).iter().map(|s| s.mode).collect();
+        let modes: String = sections(&batch, &chunk)
+            .iter()
+            .map(|s| String::from_utf8_lossy(s.mode.arg()).into_owned())
+            .collect();
         assert!(
             modes.contains('f') && modes.contains('e') && modes.contains('r'),
             "every section mode: {modes}"
