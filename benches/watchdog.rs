@@ -30,6 +30,16 @@
 //! `cargo bench --bench watchdog` (about 2 minutes); the `SUMMARY:` lines are the
 //! result. Without `--bench` (`cargo test --benches`) it runs a short smoke
 //! pass.
+//!
+//! With `--instructions` it only holds [`INSTRUCTIONS_N`] locks and prints
+//! `READY`, waits for the file named by `REDLEASE_BENCH_GO` to appear,
+//! prints the renewals made in the next [`INSTRUCTIONS_WINDOW`] and waits
+//! for the file to go before it ends: run under
+//! callgrind with instrumentation switched on in between (what
+//! `scripts/bench_compare.sh` does for the pseudo-bench
+//! `watchdog-instructions`), it counts the instructions and simulated cache
+//! misses of the window per renewal: figures that do not depend on what
+//! else the machine is doing.
 
 mod support;
 
@@ -55,6 +65,10 @@ return 0";
 const BARE_CHUNK: usize = 1000;
 
 const LEASE: Duration = Duration::from_secs(3);
+/// Locks held in `--instructions` mode.
+const INSTRUCTIONS_N: usize = 20_000;
+/// The window counted in `--instructions` mode.
+const INSTRUCTIONS_WINDOW: Duration = Duration::from_secs(5);
 const RENEW_EVERY: Duration = Duration::from_secs(1);
 
 /// One snapshot of everything measured.
@@ -475,7 +489,64 @@ fn baseline_run(server: &RedisServer, n: usize, window: Duration) -> Figures {
     )
 }
 
+/// `--instructions`: see the module's doc.
+fn instructions_run() {
+    use std::io::Write;
+    let go =
+        std::env::var("REDLEASE_BENCH_GO").expect("REDLEASE_BENCH_GO names the file to wait for");
+    let server = support::start_server();
+    let client = redlease::Client::builder(server.url())
+        .watchdog_timeout(LEASE)
+        .build()
+        .expect("client");
+    let guards: Vec<_> = (0..INSTRUCTIONS_N)
+        .map(|i| {
+            client
+                .lock(format!("bench:wd-instr:{i}"))
+                .try_lock()
+                .expect("try_lock")
+                .expect("a fresh lock is free")
+        })
+        .collect();
+    // Past the first renewals, which come in small batches as the locks
+    // were taken one after another.
+    std::thread::sleep(RENEW_EVERY * 2);
+    println!("READY");
+    std::io::stdout().flush().expect("stdout");
+    let waited = Instant::now();
+    while !std::path::Path::new(&go).exists() {
+        assert!(
+            waited.elapsed() < Duration::from_secs(300),
+            "waited 300 s for {go} (the instrumentation to be switched on)"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let s0 = client.stats();
+    std::thread::sleep(INSTRUCTIONS_WINDOW);
+    let s1 = client.stats();
+    let lost = guards.iter().filter(|g| g.is_lost()).count();
+    println!(
+        "RENEWALS: {} in {INSTRUCTIONS_WINDOW:?}, {} round trips, {INSTRUCTIONS_N} locks, {lost} lost",
+        s1.renewals - s0.renewals,
+        s1.renewal_round_trips - s0.renewal_round_trips
+    );
+    std::io::stdout().flush().expect("stdout");
+    // Outside the count: the caller switches the instrumentation off, then
+    // removes the file.
+    let waited = Instant::now();
+    while std::path::Path::new(&go).exists() && waited.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Not released one by one: the server goes with them.
+    std::mem::forget(guards);
+    drop(client);
+    drop(server);
+}
+
 fn main() {
+    if std::env::args().any(|a| a == "--instructions") {
+        return instructions_run();
+    }
     support::pin_self();
     let mode = support::mode();
     if mode == Mode::List {

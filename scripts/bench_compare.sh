@@ -7,7 +7,11 @@
 #
 # BASE and NEW are git revisions; NEW defaults to the working tree ("."),
 # uncommitted changes included. BENCH defaults to "lock watchdog family
-# handoff".
+# handoff". The pseudo-bench "watchdog-instructions" runs the watchdog
+# bench's --instructions mode under valgrind's callgrind (needs valgrind):
+# instructions and simulated cache misses per renewal of 20,000 watched
+# locks, counted over 5 s, which do not move with the machine's load (one
+# round is enough; it takes about a minute per revision).
 # Each revision is built once (release, `cargo bench --no-run`) in a
 # worktree under target/bench-compare/; then ROUNDS rounds (default 2) run
 # every bench of both revisions, alternating which goes first. The output
@@ -42,6 +46,53 @@ work=$root/target/bench-compare
 out=$work/out
 mkdir -p "$work" "$out"
 
+# target BENCH: the bench target that BENCH runs.
+target() {
+    case $1 in
+    watchdog-instructions) echo watchdog ;;
+    *) echo "$1" ;;
+    esac
+}
+
+# instructions BIN OUT: BIN's --instructions mode under callgrind, the
+# window counted only (instrumentation switched on and off around it); a
+# SUMMARY line of per-renewal counts into OUT. Cache sizes are fixed, so
+# the counts compare across machines.
+instructions() {
+    local bin=$1 out=$2 go=$work/go.$$
+    command -v valgrind >/dev/null || { echo "SUMMARY: valgrind is not installed" >"$out"; return 1; }
+    rm -f "$go"
+    REDLEASE_BENCH_GO=$go valgrind --tool=callgrind --cache-sim=yes --D1=32768,8,64 \
+        --LL=8388608,16,64 --instr-atstart=no --callgrind-out-file="$out.callgrind" \
+        "$bin" --instructions >"$out.stdout" 2>"$out.stderr" &
+    local pid=$! i
+    for i in $(seq 1 600); do grep -q READY "$out.stdout" && break; sleep 0.5; done
+    callgrind_control -i on "$pid" >/dev/null 2>&1
+    touch "$go"
+    for i in $(seq 1 600); do grep -q RENEWALS "$out.stdout" && break; sleep 0.1; done
+    callgrind_control -i off "$pid" >/dev/null 2>&1
+    rm -f "$go"
+    wait "$pid" || true
+    python3 - "$out" <<'PY'
+import re, sys
+out = sys.argv[1]
+err, std = open(out + ".stderr").read(), open(out + ".stdout").read()
+def count(label):
+    m = re.search(label + r":\s+([\d,]+)", err)
+    return int(m.group(1).replace(",", "")) if m else None
+m = re.search(r"RENEWALS: (\d+)(.*)", std)
+ir, d1, ll = count("I   refs"), count("D1  misses"), count("LLd misses")
+with open(out, "w") as f:
+    if not m or not int(m.group(1)) or None in (ir, d1, ll):
+        f.write("SUMMARY: no count (see %s.stdout and .stderr)\n" % out)
+    else:
+        n = int(m.group(1))
+        f.write("SUMMARY: watchdog, per renewal (all threads, callgrind): %.0f instructions | "
+                "%.2f D1 misses (32 KB) | %.3f LL misses (8 MB) | %d renewals%s\n"
+                % (ir / n, d1 / n, ll / n, n, m.group(2)))
+PY
+}
+
 # build REV LABEL: bench binaries of REV copied to $work/bin/LABEL-<bench>.
 build() {
     local rev=$1 label=$2 src
@@ -55,7 +106,7 @@ build() {
     fi
     echo "== building $label ($rev)" >&2
     local args=()
-    for b in "${benches[@]}"; do args+=(--bench "$b"); done
+    for b in "${benches[@]}"; do args+=(--bench "$(target "$b")"); done
     local listing
     listing=$(cd "$src" && CARGO_TARGET_DIR=$work/target-$label cargo bench --no-run "${args[@]}" 2>&1) || {
         echo "$listing" >&2
@@ -64,7 +115,7 @@ build() {
     mkdir -p "$work/bin"
     for b in "${benches[@]}"; do
         local exe
-        exe=$(echo "$listing" | sed -n "s|.*Executable benches/$b.rs (\(.*\))|\1|p" | head -n 1)
+        exe=$(echo "$listing" | sed -n "s|.*Executable benches/$(target "$b").rs (\(.*\))|\1|p" | head -n 1)
         [ -n "$exe" ] || { echo "no executable for bench $b in $label" >&2; exit 1; }
         case $exe in /*) ;; *) exe=$src/$exe ;; esac
         cp "$exe" "$work/bin/$label-$b"
@@ -84,8 +135,13 @@ for round in $(seq 1 "$rounds"); do
             echo "== round $round: $b $label ($(date +%T))" >&2
             # The benches start their own redis-server; run from the repo
             # root like `cargo bench`.
-            "$work/bin/$label-$b" --bench >"$out/$b-$label-$round.txt" 2>&1 ||
-                echo "   (exit $?, see $out/$b-$label-$round.txt)" >&2
+            if [ "$b" = watchdog-instructions ]; then
+                instructions "$work/bin/$label-$b" "$out/$b-$label-$round.txt" ||
+                    echo "   (see $out/$b-$label-$round.txt)" >&2
+            else
+                "$work/bin/$label-$b" --bench >"$out/$b-$label-$round.txt" 2>&1 ||
+                    echo "   (exit $?, see $out/$b-$label-$round.txt)" >&2
+            fi
         done
     done
 done
