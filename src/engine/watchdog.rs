@@ -1525,7 +1525,9 @@ mod tests {
     #[test]
     fn packed_renewals_are_the_commands_byte_for_byte() {
         let u = "6f1c2c1e-3b1a-4a51-9a4e-1f2e3d4c5b6a";
-        let batch = vec![
+        let long = "n".repeat(150);
+        let mut batch = vec![
+            renewal(&long, &format!("{u}:5"), Kind::Plain, 30_000, Some(100)),
             renewal("a", &format!("{u}:1"), Kind::Plain, 30_000, Some(11)),
             renewal("b", &format!("{u}:1"), Kind::Plain, 30_000, Some(12)),
             renewal("c\r\n$", &format!("{u}:2"), Kind::Fenced, 30_000, None),
@@ -1534,6 +1536,18 @@ mod tests {
             renewal("f", "someone-else:9", Kind::Plain, 5, Some(u64::MAX)),
             renewal("", &format!("{u}:1"), Kind::Plain, 30_000, Some(0)),
         ];
+        // Enough locks for a call of more than 99 arguments, so that every
+        // width of number is written.
+        for i in 0..40 {
+            let field = format!("{u}:{}", 10 + i % 3);
+            batch.push(renewal(
+                &format!("k{i}"),
+                &field,
+                Kind::Plain,
+                30_000,
+                Some(i),
+            ));
+        }
         let mut chunk: Vec<usize> = (0..batch.len()).collect();
         sort_chunk(&batch, &mut chunk);
         let modes: String = sections(&batch, &chunk)
