@@ -656,3 +656,74 @@ fn riding_out_a_failover_stays_within_one_response_timeout() {
         "within one response timeout (and a little): {took:?}"
     );
 }
+
+/// A wait without a deadline whose Cluster node stays away (every
+/// connection refused) does not wait without end: `lock()` ends with an
+/// error once the holder's lease its last answered try saw has passed, and
+/// a `lock()` that has had no answer at all fails as any call does, within
+/// about a response timeout. Before, both retried the failover without end.
+#[test]
+fn a_wait_without_deadline_ends_when_the_cluster_stays_away() {
+    let cluster = Cluster::start_behind_proxies(3, 0, &[]);
+    let name = cluster.names_on_each_master("away", 1)[0][0].clone();
+    let proxy = cluster.proxy_of(cluster.master_of_slot(cluster.slot_of(&name)));
+    let holder = Client::cluster_builder(cluster.seeds())
+        .build()
+        .expect("holder client");
+    let lease = Duration::from_secs(3);
+    let guard = holder
+        .lock(&name)
+        .lock_with_lease(lease)
+        .expect("the holder takes the lock");
+    let response = Duration::from_millis(500);
+    let waiter = Client::cluster_builder(cluster.seeds())
+        .response_timeout(response)
+        .build()
+        .expect("waiter client");
+    let (tx, rx) = mpsc::channel();
+    let lock = waiter.lock(&name);
+    thread::spawn(move || {
+        let r = lock.lock().map(|g| g.hold_count());
+        tx.send((r, Instant::now())).unwrap();
+    });
+    wait_until("the waiter to subscribe", WAIT, || {
+        waiter.stats().subscribed_channels >= 1
+    });
+    let cut = Instant::now();
+    proxy.set_reject(true);
+    proxy.cut();
+    let (r, at) = rx
+        .recv_timeout(WAIT)
+        .expect("lock() returns once the holder's lease it saw has passed");
+    println!(
+        "lock() returned {r:?} {:?} after the node went away",
+        at - cut
+    );
+    assert!(r.is_err(), "the node never came back: {r:?}");
+    assert!(
+        at - cut < lease + response + Duration::from_secs(1),
+        "within the holder's lease (and a response timeout): {:?}",
+        at - cut
+    );
+
+    // No answer at all: fails as any call does.
+    let (tx, rx) = mpsc::channel();
+    let lock = waiter.lock(&name);
+    let started = Instant::now();
+    thread::spawn(move || {
+        let r = lock.lock().map(|g| g.hold_count());
+        tx.send((r, Instant::now())).unwrap();
+    });
+    let (r, at) = rx
+        .recv_timeout(WAIT)
+        .expect("a lock() that no try of which is answered returns");
+    println!("first lock() returned {r:?} after {:?}", at - started);
+    assert!(r.is_err(), "the node never came back: {r:?}");
+    assert!(
+        at - started < response + Duration::from_secs(1),
+        "within about a response timeout: {:?}",
+        at - started
+    );
+    proxy.set_reject(false);
+    drop(guard);
+}
