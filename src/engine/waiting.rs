@@ -121,15 +121,8 @@ impl Waiters<'_> {
                 events.acquired(kind, self.name, started, waited);
             }
         };
-        // A wait with a deadline rides out a failover within each try up to
-        // it. One without makes each try a single call (which rides out a
-        // failover for a response timeout, as any call) and leaves the rest
-        // to `Outage`: within the bound of its last answered try, stepping
-        // out meanwhile; its first try fails as any call would.
-        let mut attempt = |q: Option<&Queued>| {
-            let ride = deadline.or_else(|| Some(Instant::now()));
-            through_failover(self.router, self.name, ride, || try_once(q))
-        };
+        let mut attempt =
+            |q: Option<&Queued>| through_failover(self.router, self.name, deadline, || try_once(q));
         let mut outage = Outage::new();
         // An answered busy try: the wait's bound (the hint, within `every`:
         // a crashed holder publishes nothing, but its lease runs out), and
@@ -163,12 +156,7 @@ impl Waiters<'_> {
         });
         // `None` while the waiter has stepped out after a failed try (see
         // below), until a try is answered again.
-        // Subscribing rides out a failover up to the deadline, or without
-        // one within the bound of the last answered try.
-        let ride =
-            |outage: &Outage| deadline.or_else(|| Some(outage.bound.unwrap_or_else(Instant::now)));
-        let mut subscription =
-            Some(self.subscribe_queued(deadline, ride(&outage), queue.as_ref())?);
+        let mut subscription = Some(self.subscribe_queued(deadline, queue.as_ref())?);
         // Whether a try may have queued this process.
         let mut joined = false;
         let mut wait = || -> Result<Option<T>> {
@@ -233,8 +221,7 @@ impl Waiters<'_> {
                 let Some(sub) = &subscription else {
                     // Answered again: listen, then try once more before
                     // waiting (a release in between is not missed).
-                    subscription =
-                        Some(self.subscribe_queued(deadline, ride(&outage), queue.as_ref())?);
+                    subscription = Some(self.subscribe_queued(deadline, queue.as_ref())?);
                     continue;
                 };
                 match sub.wait_until(until)? {
@@ -244,8 +231,7 @@ impl Waiters<'_> {
                         // (Cluster): subscribe where it is now, then retry (a
                         // release between the two is not missed).
                         self.router.channel_moved(self.channel, to.as_deref());
-                        subscription =
-                            Some(self.subscribe_queued(deadline, ride(&outage), queue.as_ref())?);
+                        subscription = Some(self.subscribe_queued(deadline, queue.as_ref())?);
                     }
                 }
             }
@@ -293,10 +279,9 @@ impl Waiters<'_> {
     fn subscribe_queued(
         &self,
         deadline: Option<Instant>,
-        ride: Option<Instant>,
         queue: Option<&QueueNames>,
     ) -> Result<Subscription> {
-        through_failover(self.router, self.name, ride, || {
+        through_failover(self.router, self.name, deadline, || {
             let node = self.router.node(self.channel)?;
             match queue {
                 Some(q) => node.pubsub.subscribe(
@@ -312,15 +297,10 @@ impl Waiters<'_> {
         })
     }
 
-    /// Subscribes to the channel on the node serving it (the confirmation
-    /// awaited until `deadline`), riding out a failover (no node for the
-    /// slot yet) until `ride` (`None`: without end).
-    pub(crate) fn subscribe(
-        &self,
-        deadline: Option<Instant>,
-        ride: Option<Instant>,
-    ) -> Result<Subscription> {
-        through_failover(self.router, self.name, ride, || {
+    /// Subscribes to the channel on the node serving it, riding out a
+    /// failover (no node for the slot yet) until `deadline`.
+    pub(crate) fn subscribe(&self, deadline: Option<Instant>) -> Result<Subscription> {
+        through_failover(self.router, self.name, deadline, || {
             let node = self.router.node(self.channel)?;
             node.pubsub
                 .subscribe(&[self.channel], self.name, self.rule, deadline)
@@ -330,8 +310,7 @@ impl Waiters<'_> {
 
 /// Runs `f` until it succeeds, fails for another reason than a failover
 /// (no connection, `READONLY`, `MASTERDOWN`, `CLUSTERDOWN`, `TRYAGAIN`, no
-/// master known yet), or the next try would pass `deadline` (`None`:
-/// without end; every wait gives one); the tries are
+/// master known yet), or the next try would pass `deadline`; the tries are
 /// spaced by a growing pause (50 ms to 500 ms, jittered). Only where the
 /// servers can move (Sentinel, Cluster): else `f` runs once.
 pub(crate) fn through_failover<T>(
@@ -373,7 +352,7 @@ const OUTAGE_MAX_PAUSE: Duration = Duration::from_millis(500);
 /// of every kind and the MultiLock's.
 pub(crate) struct Outage {
     /// The bound of the last answered try (`None` before one).
-    pub(crate) bound: Option<Instant>,
+    bound: Option<Instant>,
     pause: Duration,
 }
 

@@ -633,14 +633,10 @@ impl Lock {
         }
     }
 
-    /// Subscribes to this lock's release channel on the node serving it
-    /// (see [`Waiters::subscribe`](crate::engine::waiting::Waiters::subscribe)).
-    pub(crate) fn subscribe(
-        &self,
-        deadline: Option<Instant>,
-        ride: Option<Instant>,
-    ) -> Result<Subscription> {
-        self.waiters().subscribe(deadline, ride)
+    /// Subscribes to this lock's release channel on the node serving it,
+    /// riding out a failover (no node for the slot yet) until `deadline`.
+    pub(crate) fn subscribe(&self, deadline: Option<Instant>) -> Result<Subscription> {
+        self.waiters().subscribe(deadline)
     }
 
     /// [`attempt`](Lock::attempt), tried again (up to the client's

@@ -495,9 +495,7 @@ impl Group {
                     let mut subscribed = false;
                     for (i, m) in self.members.iter().enumerate() {
                         if subs[i].is_none() {
-                            // Riding out a failover up to the deadline, or
-                            // within this round's bound.
-                            let s = m.subscribe(deadline, deadline.or(Some(bound(busy, now))))?;
+                            let s = m.subscribe(deadline)?;
                             s.watch(&notify);
                             subs[i] = Some(s);
                             subscribed = true;
@@ -543,8 +541,7 @@ impl Group {
                     // (Cluster): subscribe where it is now.
                     subs[i] = None;
                     m.router().channel_moved(m.channel(), to.as_deref());
-                    let ride = deadline.or_else(|| Some(outage.bound.unwrap_or_else(Instant::now)));
-                    let s = m.subscribe(deadline, ride)?;
+                    let s = m.subscribe(deadline)?;
                     s.watch(&notify);
                     subs[i] = Some(s);
                 }
