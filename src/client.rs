@@ -602,6 +602,13 @@ impl ClientBuilder {
     /// The lease of locks taken without an explicit one; the watchdog renews
     /// them every third of it (or per [`Lock::with_renew_interval`]).
     /// Defaults to 30 s, like Redisson's `lockWatchdogTimeout`.
+    ///
+    /// On Sentinel and Cluster it is also how long a wait without a
+    /// deadline (`lock()`, a semaphore's `acquire()`, a latch's `wait()`)
+    /// rides out a failover at least, from its first failed try: a holder
+    /// keeps its lock through an outage that long, so a failover shorter
+    /// than it loses neither the lock nor the wait. Past it, the wait fails
+    /// with the last error.
     pub fn watchdog_timeout(mut self, lease: Duration) -> Self {
         self.watchdog_timeout = lease;
         self

@@ -92,6 +92,11 @@ pub(crate) struct Waiters<'a> {
     /// process's wake-up channel and whose watchdog leaves the queue when
     /// the process's last waiter gives up (`None`: the kind has no queue).
     pub(crate) client: Option<&'a Shared>,
+    /// How long a wait without a deadline rides out a failover at least
+    /// (Sentinel, Cluster), counted from its first failed try since the
+    /// last answered one, whatever that try's bound: the client's watchdog
+    /// timeout, the lease a holder keeps its lock by through an outage.
+    pub(crate) failover: Duration,
 }
 
 /// A waiter's process's place in a reentrant lock's queue: the queue's key
@@ -121,9 +126,19 @@ impl Waiters<'_> {
                 events.acquired(kind, self.name, started, waited);
             }
         };
-        let mut attempt =
-            |q: Option<&Queued>| through_failover(self.router, self.name, deadline, || try_once(q));
-        let mut outage = Outage::new();
+        // A wait with a deadline rides out a failover within each try (and
+        // each subscription) up to it. One without makes each a single call
+        // (which rides out a failover for a response timeout, as any call)
+        // and leaves the rest to `Outage`, with its floor.
+        let mut attempt = |q: Option<&Queued>| match deadline {
+            Some(_) => through_failover(self.router, self.name, deadline, || try_once(q)),
+            None => try_once(q),
+        };
+        let floor = match deadline {
+            None if self.router.can_move() => self.failover,
+            _ => Duration::ZERO,
+        };
+        let mut outage = Outage::new(floor);
         // An answered busy try: the wait's bound (the hint, within `every`:
         // a crashed holder publishes nothing, but its lease runs out), and
         // the ride-out's (the hint, within `ride_out`), each within the
@@ -138,13 +153,22 @@ impl Waiters<'_> {
             outage.answered(after(hint.min(self.ride_out)));
             after(hint.min(self.every))
         };
-        match attempt(None)? {
-            Attempt::Acquired(g) => {
-                acquired(false);
-                return Ok(Some(g));
-            }
-            Attempt::Busy(hint) => {
-                answered(&mut outage, hint);
+        // The first try; one that fails the way a failover looks is made
+        // again within the floor (a wait without a deadline).
+        loop {
+            match attempt(None) {
+                Ok(Attempt::Acquired(g)) => {
+                    acquired(false);
+                    return Ok(Some(g));
+                }
+                Ok(Attempt::Busy(hint)) => {
+                    answered(&mut outage, hint);
+                    break;
+                }
+                Err(e) => {
+                    let at = outage.failed(e, self.name)?;
+                    std::thread::sleep(at.saturating_duration_since(Instant::now()));
+                }
             }
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -154,13 +178,41 @@ impl Waiters<'_> {
             key: scripts::queue_name(self.name),
             channel: scripts::wake_channel_name(self.name, &client.uuid),
         });
-        // `None` while the waiter has stepped out after a failed try (see
-        // below), until a try is answered again.
-        let mut subscription = Some(self.subscribe_queued(deadline, queue.as_ref())?);
+        // `None` while the waiter has stepped out after a failed try or
+        // subscription (see below), until a try is answered again.
+        let mut subscription = None;
         // Whether a try may have queued this process.
         let mut joined = false;
+        // What ended a step of the wait: a failed subscription, or a failed
+        // try.
+        let mut failure = match self.subscribe_queued(deadline, queue.as_ref()) {
+            Ok(s) => {
+                subscription = Some(s);
+                None
+            }
+            Err(e) => Some(e),
+        };
         let mut wait = || -> Result<Option<T>> {
             loop {
+                if let Some(e) = failure.take() {
+                    let at = outage.failed(e, self.name)?;
+                    // The wait goes on, but the waiter steps out as one
+                    // that gives up does: a wake-up it took goes to
+                    // another waiter of this process or, from its last,
+                    // to the next queued process (this one leaves the
+                    // queue, and a release skips a process that nobody
+                    // listens for). Either may find the lock free while
+                    // this one's link fails. It subscribes again once a
+                    // try is answered.
+                    if let Some(sub) = subscription.take() {
+                        if let (Some(client), Some(q), true) = (self.client, &queue, sub.close()) {
+                            if joined {
+                                self.leave(client, q.clone());
+                            }
+                        }
+                    }
+                    std::thread::sleep(at.saturating_duration_since(Instant::now()));
+                }
                 // Only a subscribed waiter queues its process: a release
                 // that wakes the process must find it listening.
                 let queued = match (&queue, &subscription) {
@@ -196,32 +248,17 @@ impl Waiters<'_> {
                     // which passes a wake-up this retry took on to another
                     // waiter.
                     Err(e) => {
-                        let at = outage.failed(e, self.name)?;
-                        // The wait goes on, but the waiter steps out as one
-                        // that gives up does: a wake-up it took goes to
-                        // another waiter of this process or, from its last,
-                        // to the next queued process (this one leaves the
-                        // queue, and a release skips a process that nobody
-                        // listens for). Either may find the lock free while
-                        // this one's link fails. It subscribes again once a
-                        // try is answered.
-                        if let Some(sub) = subscription.take() {
-                            if let (Some(client), Some(q), true) =
-                                (self.client, &queue, sub.close())
-                            {
-                                if joined {
-                                    self.leave(client, q.clone());
-                                }
-                            }
-                        }
-                        std::thread::sleep(at.saturating_duration_since(Instant::now()));
+                        failure = Some(e);
                         continue;
                     }
                 };
                 let Some(sub) = &subscription else {
                     // Answered again: listen, then try once more before
                     // waiting (a release in between is not missed).
-                    subscription = Some(self.subscribe_queued(deadline, queue.as_ref())?);
+                    match self.subscribe_queued(deadline, queue.as_ref()) {
+                        Ok(s) => subscription = Some(s),
+                        Err(e) => failure = Some(e),
+                    }
                     continue;
                 };
                 match sub.wait_until(until)? {
@@ -231,7 +268,10 @@ impl Waiters<'_> {
                         // (Cluster): subscribe where it is now, then retry (a
                         // release between the two is not missed).
                         self.router.channel_moved(self.channel, to.as_deref());
-                        subscription = Some(self.subscribe_queued(deadline, queue.as_ref())?);
+                        match self.subscribe_queued(deadline, queue.as_ref()) {
+                            Ok(s) => subscription = Some(s),
+                            Err(e) => failure = Some(e),
+                        }
                     }
                 }
             }
@@ -281,7 +321,7 @@ impl Waiters<'_> {
         deadline: Option<Instant>,
         queue: Option<&QueueNames>,
     ) -> Result<Subscription> {
-        through_failover(self.router, self.name, deadline, || {
+        self.ride(deadline, || {
             let node = self.router.node(self.channel)?;
             match queue {
                 Some(q) => node.pubsub.subscribe(
@@ -298,13 +338,25 @@ impl Waiters<'_> {
     }
 
     /// Subscribes to the channel on the node serving it, riding out a
-    /// failover (no node for the slot yet) until `deadline`.
+    /// failover (no node for the slot yet) until `deadline`; without one,
+    /// once (the caller's [`Outage`] rides the failover out).
     pub(crate) fn subscribe(&self, deadline: Option<Instant>) -> Result<Subscription> {
-        through_failover(self.router, self.name, deadline, || {
+        self.ride(deadline, || {
             let node = self.router.node(self.channel)?;
             node.pubsub
                 .subscribe(&[self.channel], self.name, self.rule, deadline)
         })
+    }
+
+    /// `f` riding out a failover up to `deadline`, or once without one.
+    fn ride<T>(&self, deadline: Option<Instant>, f: impl FnMut() -> Result<T>) -> Result<T> {
+        match deadline {
+            Some(_) => through_failover(self.router, self.name, deadline, f),
+            None => {
+                let mut f = f;
+                f()
+            }
+        }
     }
 }
 
@@ -312,8 +364,9 @@ impl Waiters<'_> {
 /// (no connection, `READONLY`, `MASTERDOWN`, `CLUSTERDOWN`, `TRYAGAIN`, no
 /// master known yet), or the next try would pass `deadline`; the tries are
 /// spaced by a growing pause (50 ms to 500 ms, jittered). Only where the
-/// servers can move (Sentinel, Cluster): else `f` runs once.
-pub(crate) fn through_failover<T>(
+/// servers can move (Sentinel, Cluster): else `f` runs once. (A wait
+/// without a deadline rides a failover out with [`Outage`] instead.)
+fn through_failover<T>(
     router: &Router,
     name: &str,
     deadline: Option<Instant>,
@@ -345,44 +398,63 @@ const OUTAGE_MAX_PAUSE: Duration = Duration::from_millis(500);
 /// failover looks (no connection, a connection lost, `LOADING`, ...) does
 /// not end the wait while the bound of the last answered try (the holder's
 /// lease it saw, within the kind's `ride_out`) is ahead, whatever ended the
-/// wait before it (a release message, a reconnect, a re-check); the next
-/// try comes after a pause of about 50 ms, doubling up to about 500 ms
-/// (each jittered by half), within that bound. Any other failure, or one
-/// past the bound, ends the wait with its error. Shared by the acquire loop
-/// of every kind and the MultiLock's.
+/// wait before it (a release message, a reconnect, a re-check), nor before
+/// the floor has passed since the first failed try after that answer (a
+/// wait without a deadline where the servers can move: a failover takes
+/// its time, whatever lease the waiter saw last); the next try comes after
+/// a pause of about 50 ms, doubling up to about 500 ms (each jittered by
+/// half), within that bound. Any other failure, or one past the bound,
+/// ends the wait with its error. Shared by the acquire loop of every kind
+/// and the MultiLock's.
 pub(crate) struct Outage {
     /// The bound of the last answered try (`None` before one).
     bound: Option<Instant>,
     pause: Duration,
+    /// How long at least a failed try is made again, from the first
+    /// failure since the last answered try (`Duration::ZERO`: no floor).
+    floor: Duration,
+    /// The end of the floor: set by the first failure since the last
+    /// answered try.
+    floor_ends: Option<Instant>,
 }
 
 impl Outage {
-    pub(crate) fn new() -> Outage {
+    /// `floor`: see [`Waiters::failover`].
+    pub(crate) fn new(floor: Duration) -> Outage {
         Outage {
             bound: None,
             pause: OUTAGE_FIRST_PAUSE,
+            floor,
+            floor_ends: None,
         }
     }
 
     /// A try was answered: a failed one rides out the outage until
-    /// `until`.
+    /// `until` (or the floor).
     pub(crate) fn answered(&mut self, until: Instant) {
         self.bound = Some(until);
         self.pause = OUTAGE_FIRST_PAUSE;
+        self.floor_ends = None;
     }
 
     /// A try failed with `e`: when to try again, or `e` when the failure
     /// ends the wait.
     pub(crate) fn failed(&mut self, e: Error, name: &str) -> Result<Instant> {
         let now = Instant::now();
-        match self.bound.filter(|b| now < *b) {
-            Some(bound) if e.is_failover_symptom() => {
-                let pause = jitter(self.pause, 0.5);
-                self.pause = (self.pause * 2).min(OUTAGE_MAX_PAUSE);
-                log::debug!("{name:?}: a try failed ({e}); trying again in {pause:?}");
-                Ok(now.checked_add(pause).map_or(bound, |at| at.min(bound)))
-            }
-            _ => Err(e),
+        let floor_ends = *self.floor_ends.get_or_insert_with(|| {
+            now.checked_add(self.floor)
+                .unwrap_or_else(|| far_future(now))
+        });
+        let bound = match self.bound {
+            Some(b) => b.max(floor_ends),
+            None => floor_ends,
+        };
+        if now < bound && e.is_failover_symptom() {
+            let pause = jitter(self.pause, 0.5);
+            self.pause = (self.pause * 2).min(OUTAGE_MAX_PAUSE);
+            log::debug!("{name:?}: a try failed ({e}); trying again in {pause:?}");
+            return Ok(now.checked_add(pause).map_or(bound, |at| at.min(bound)));
         }
+        Err(e)
     }
 }

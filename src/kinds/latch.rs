@@ -218,6 +218,7 @@ impl CountDownLatch {
             ride_out: RIDE_OUT,
             kind: None,
             client: None,
+            failover: self.shared.watchdog_timeout,
         };
         let opened = waiters.acquire(deadline, |_| {
             Ok(if self.count()? == 0 {

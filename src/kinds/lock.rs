@@ -630,6 +630,7 @@ impl Lock {
             kind: Some(self.kind.label()),
             // The reentrant lock queues the processes of its waiters.
             client: matches!(self.kind, Kind::Plain | Kind::Fenced).then_some(&*self.shared),
+            failover: self.shared.watchdog_timeout,
         }
     }
 

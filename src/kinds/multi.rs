@@ -462,8 +462,20 @@ impl Group {
         let mut subs: Vec<Option<Subscription>> = self.members.iter().map(|_| None).collect();
         let mut backoff = Duration::from_millis(5);
         // A round that fails the way an outage looks does not end the wait
-        // while the bound of the last answered round lasts.
-        let mut outage = Outage::new();
+        // while the bound of the last answered round lasts (without a
+        // deadline, where servers can move: nor before the longest watchdog
+        // timeout of the members' clients has passed since it failed).
+        let floor = match deadline {
+            None => self
+                .members
+                .iter()
+                .filter(|m| m.router().can_move())
+                .map(|m| m.shared().watchdog_timeout)
+                .max()
+                .unwrap_or(Duration::ZERO),
+            Some(_) => Duration::ZERO,
+        };
+        let mut outage = Outage::new(floor);
         // The bound of a busy round: the holders' leases (a crashed holder
         // publishes nothing), within the deadline.
         let bound = |busy: Option<Duration>, now: Instant| {
@@ -489,23 +501,38 @@ impl Group {
                     if deadline.is_some_and(|d| now >= d) {
                         return Ok(None);
                     }
+                    // The round that follows rides out an outage within
+                    // the holders' leases this one saw.
+                    outage.answered(bound(busy, now));
                     // Subscribed from the first failed round on, then a round
                     // before any wait: a release between the failed round
-                    // and the subscription is seen by that round.
-                    let mut subscribed = false;
+                    // and the subscription is seen by that round. A
+                    // subscription that fails the way an outage looks is
+                    // made again after the pause, as a round would be.
+                    let mut subscribed = Ok(false);
                     for (i, m) in self.members.iter().enumerate() {
                         if subs[i].is_none() {
-                            let s = m.subscribe(deadline)?;
-                            s.watch(&notify);
-                            subs[i] = Some(s);
-                            subscribed = true;
+                            match m.subscribe(deadline) {
+                                Ok(s) => {
+                                    s.watch(&notify);
+                                    subs[i] = Some(s);
+                                    subscribed = Ok(true);
+                                }
+                                Err(e) => {
+                                    subscribed = Err(e);
+                                    break;
+                                }
+                            }
                         }
                     }
-                    if subscribed {
-                        // The round that follows rides out an outage within
-                        // the holders' leases this one saw.
-                        outage.answered(bound(busy, now));
-                        continue;
+                    match subscribed {
+                        Ok(true) => continue,
+                        Ok(false) => {}
+                        Err(e) => {
+                            let at = outage.failed(e, &self.name())?;
+                            std::thread::sleep(at.saturating_duration_since(Instant::now()));
+                            continue;
+                        }
                     }
                     if split {
                         // Contenders took some members each: step aside for
@@ -539,11 +566,18 @@ impl Group {
                 if let Some(to) = moved {
                     // The channel's slot moved or its node failed
                     // (Cluster): subscribe where it is now.
+                    // One that fails the way an outage looks is made again
+                    // after the next round (see above).
                     subs[i] = None;
                     m.router().channel_moved(m.channel(), to.as_deref());
-                    let s = m.subscribe(deadline)?;
-                    s.watch(&notify);
-                    subs[i] = Some(s);
+                    match m.subscribe(deadline) {
+                        Ok(s) => {
+                            s.watch(&notify);
+                            subs[i] = Some(s);
+                        }
+                        Err(e) if e.is_failover_symptom() => {}
+                        Err(e) => return Err(e),
+                    }
                 }
             }
         }

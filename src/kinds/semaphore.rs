@@ -100,6 +100,7 @@ impl Names {
             ride_out: Duration::MAX,
             kind: Some(self.kind),
             client: None,
+            failover: self.shared.watchdog_timeout,
         }
     }
 

@@ -656,3 +656,164 @@ fn riding_out_a_failover_stays_within_one_response_timeout() {
         "within one response timeout (and a little): {took:?}"
     );
 }
+
+/// A wait without a deadline whose Cluster node stays away (every
+/// connection refused) does not wait without end: `lock()` and a
+/// MultiLock's `lock()` make their tries again for the waiter's watchdog
+/// timeout (a failover takes its time, whatever lease the waiter saw),
+/// then end with an error; a `lock()` that has had no answer at all does
+/// the same. Before, all of them retried the failover without end.
+#[test]
+fn a_wait_without_deadline_ends_when_the_cluster_stays_away() {
+    let cluster = Cluster::start_behind_proxies(3, 0, &[]);
+    let names = cluster.names_on_each_master("away", 2);
+    let (name, multi_name) = (names[0][0].clone(), names[0][1].clone());
+    let proxy = cluster.proxy_of(cluster.master_of_slot(cluster.slot_of(&name)));
+    let holder = Client::cluster_builder(cluster.seeds())
+        .build()
+        .expect("holder client");
+    let lease = Duration::from_secs(1);
+    let guard = holder
+        .lock(&name)
+        .lock_with_lease(lease)
+        .expect("the holder takes the lock");
+    let multi_guard = holder
+        .lock(&multi_name)
+        .lock_with_lease(lease)
+        .expect("the holder takes the MultiLock's member");
+    let response = Duration::from_millis(500);
+    let floor = Duration::from_secs(3);
+    let waiter = Client::cluster_builder(cluster.seeds())
+        .response_timeout(response)
+        .watchdog_timeout(floor)
+        .build()
+        .expect("waiter client");
+    let (tx, rx) = mpsc::channel();
+    let lock = waiter.lock(&name);
+    let tx2 = tx.clone();
+    thread::spawn(move || {
+        let r = lock.lock().map(|g| g.hold_count());
+        tx2.send(("lock()", r.map(|_| ()), Instant::now())).unwrap();
+    });
+    let multi = redlease::MultiLock::new(vec![waiter.lock(&multi_name)]).expect("MultiLock");
+    thread::spawn(move || {
+        let r = multi.lock().map(|_| ());
+        tx.send(("MultiLock::lock()", r, Instant::now())).unwrap();
+    });
+    wait_until("both waiters to subscribe", WAIT, || {
+        waiter.stats().subscribed_channels >= 2
+    });
+    let cut = Instant::now();
+    proxy.set_reject(true);
+    proxy.cut();
+    for _ in 0..2 {
+        let (what, r, at) = rx
+            .recv_timeout(WAIT)
+            .expect("each waiter returns once its ride-out has passed");
+        println!(
+            "{what} returned {r:?} {:?} after the node went away",
+            at - cut
+        );
+        assert!(r.is_err(), "{what}: the node never came back: {r:?}");
+        assert!(
+            at - cut >= floor,
+            "{what} rode the outage out for the watchdog timeout, not just the lease it saw: {:?}",
+            at - cut
+        );
+        // Its first failed try comes within the lease it saw.
+        assert!(
+            at - cut < lease + floor + response + Duration::from_secs(3),
+            "{what} within the watchdog timeout from its first failed try: {:?}",
+            at - cut
+        );
+    }
+
+    // No answer at all: the same ride-out, then an error.
+    let (tx, rx) = mpsc::channel();
+    let lock = waiter.lock(&name);
+    let started = Instant::now();
+    thread::spawn(move || {
+        let r = lock.lock().map(|g| g.hold_count());
+        tx.send((r, Instant::now())).unwrap();
+    });
+    let (r, at) = rx
+        .recv_timeout(WAIT)
+        .expect("a lock() that no try of which is answered returns");
+    println!("a new lock() returned {r:?} after {:?}", at - started);
+    assert!(r.is_err(), "the node never came back: {r:?}");
+    assert!(
+        at - started >= floor && at - started < floor + response + Duration::from_secs(3),
+        "within the watchdog timeout (and a response timeout): {:?}",
+        at - started
+    );
+    proxy.set_reject(false);
+    drop(guard);
+    drop(multi_guard);
+}
+
+/// Waits without a deadline (a latch's `wait()` idle for longer than its
+/// 10 s ride-out, a semaphore's `acquire()` that re-checks every second,
+/// and a `lock()` that saw a lease of 1.5 s) all ride out a failover of
+/// their master that takes longer than the bound of their last answered
+/// try, and get what they waited for once it is given on the new master.
+#[test]
+fn waits_without_deadline_ride_out_a_failover_longer_than_their_last_bound() {
+    let cluster = cluster();
+    let (names, victim) = victim_names(&cluster, "longwait", 3);
+    let (latch_name, sem_name, lock_name) = (&names[0], &names[1], &names[2]);
+    let other = Client::cluster_builder(cluster.seeds())
+        .watchdog_timeout(Duration::from_millis(1500))
+        .build()
+        .expect("other client");
+    assert!(other.count_down_latch(latch_name).try_set_count(1).unwrap());
+    assert!(other.semaphore(sem_name).try_set_permits(0).unwrap());
+    let guard = other
+        .lock(lock_name)
+        .lock()
+        .expect("the holder takes the lock");
+    let waiter = Client::cluster_builder(cluster.seeds())
+        .response_timeout(Duration::from_millis(500))
+        .build()
+        .expect("waiter client");
+    let (tx, rx) = mpsc::channel();
+    let latch = waiter.count_down_latch(latch_name);
+    let t = tx.clone();
+    thread::spawn(move || {
+        t.send(("latch wait()", latch.wait().map(|_| ()))).unwrap();
+    });
+    let sem = waiter.semaphore(sem_name);
+    let t = tx.clone();
+    thread::spawn(move || {
+        t.send(("semaphore acquire(1)", sem.acquire(1).map(|p| p.forget())))
+            .unwrap();
+    });
+    let lock = waiter.lock(lock_name);
+    thread::spawn(move || {
+        tx.send(("lock()", lock.lock().map(|_| ()))).unwrap();
+    });
+    wait_until("the three waiters to subscribe", WAIT, || {
+        waiter.stats().subscribed_channels >= 3
+    });
+    // Past the latch's ride-out since its last read.
+    thread::sleep(Duration::from_millis(10_500));
+    let killed = kill_master(&cluster, victim);
+    cluster.wait_failover_of(victim);
+    println!("failover took {:?}", killed.elapsed());
+    if let Ok((what, r)) = rx.try_recv() {
+        panic!("{what} returned {r:?} during the failover");
+    }
+    assert_eq!(other.count_down_latch(latch_name).count_down().unwrap(), 0);
+    other
+        .semaphore(sem_name)
+        .release(1)
+        .expect("a permit given");
+    drop(guard);
+    for _ in 0..3 {
+        let (what, r) = rx.recv_timeout(WAIT).expect("every waiter returns");
+        println!(
+            "{what} returned {r:?} {:?} after the kill",
+            killed.elapsed()
+        );
+        assert!(r.is_ok(), "{what} got what it waited for: {r:?}");
+    }
+}
