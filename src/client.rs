@@ -603,7 +603,7 @@ impl ClientBuilder {
     /// them every third of it (or per [`Lock::with_renew_interval`]).
     /// Defaults to 30 s, like Redisson's `lockWatchdogTimeout`.
     ///
-    /// On Sentinel and Cluster it is also how long a wait without a
+    /// On Sentinel and Cluster it is also how long any wait without a
     /// deadline (`lock()`, a semaphore's `acquire()`, a latch's `wait()`)
     /// rides out a failover at least, from its first failed try: a holder
     /// keeps its lock through an outage that long, so a failover shorter

@@ -261,6 +261,7 @@ impl Waiters<'_> {
                     }
                     continue;
                 };
+                outage.calm();
                 match sub.wait_until(until)? {
                     Wake::Woken | Wake::TimedOut => {}
                     Wake::Moved(to) => {
@@ -430,11 +431,18 @@ impl Outage {
     }
 
     /// A try was answered: a failed one rides out the outage until
-    /// `until` (or the floor).
+    /// `until` (or the floor). The pause keeps growing until the wait is
+    /// [`calm`](Outage::calm) again: a subscription that keeps failing
+    /// between answered tries does not make them come every 50 ms.
     pub(crate) fn answered(&mut self, until: Instant) {
         self.bound = Some(until);
-        self.pause = OUTAGE_FIRST_PAUSE;
         self.floor_ends = None;
+    }
+
+    /// The waiter waits for a message again (answered and listening): the
+    /// next failure starts with the first pause.
+    pub(crate) fn calm(&mut self) {
+        self.pause = OUTAGE_FIRST_PAUSE;
     }
 
     /// A try failed with `e`: when to try again, or `e` when the failure

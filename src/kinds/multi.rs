@@ -508,32 +508,32 @@ impl Group {
                     // before any wait: a release between the failed round
                     // and the subscription is seen by that round. A
                     // subscription that fails the way an outage looks is
-                    // made again after the pause, as a round would be.
-                    let mut subscribed = Ok(false);
+                    // made again after the pause, as a round would be (the
+                    // other members' are made meanwhile).
+                    let mut subscribed = false;
+                    let mut failed = None;
                     for (i, m) in self.members.iter().enumerate() {
                         if subs[i].is_none() {
                             match m.subscribe(deadline) {
                                 Ok(s) => {
                                     s.watch(&notify);
                                     subs[i] = Some(s);
-                                    subscribed = Ok(true);
+                                    subscribed = true;
                                 }
-                                Err(e) => {
-                                    subscribed = Err(e);
-                                    break;
-                                }
+                                Err(e) => failed = failed.or(Some(e)),
                             }
                         }
                     }
-                    match subscribed {
-                        Ok(true) => continue,
-                        Ok(false) => {}
-                        Err(e) => {
-                            let at = outage.failed(e, &self.name())?;
-                            std::thread::sleep(at.saturating_duration_since(Instant::now()));
-                            continue;
-                        }
+                    if let Some(e) = failed {
+                        let at = outage.failed(e, &self.name())?;
+                        std::thread::sleep(at.saturating_duration_since(Instant::now()));
+                        continue;
                     }
+                    if subscribed {
+                        continue;
+                    }
+                    // Answered, and listening on every member's channel.
+                    outage.calm();
                     if split {
                         // Contenders took some members each: step aside for
                         // a random while so that one of them wins the next
