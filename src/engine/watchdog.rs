@@ -200,9 +200,9 @@ impl Watchdog {
             let (due, every) = next_turn(hold, Instant::now() + interval, interval);
             let mut sched = hold.sched();
             match &mut *sched {
-                Sched::InFlight(terms) => {
+                Sched::InFlight | Sched::InFlightRewatched { .. } => {
                     // The renewal under way schedules it again, with these terms.
-                    *terms = Some((interval, lease_ms));
+                    *sched = Sched::InFlightRewatched { interval, lease_ms };
                     false
                 }
                 Sched::Queued(key) => {
@@ -767,7 +767,7 @@ impl Inner {
                 // Checked under the lock that `unwatch` takes: a hold released
                 // during the round trip is not scheduled again.
                 let (interval, lease_ms) = match &*sched {
-                    Sched::InFlight(Some(terms)) => *terms,
+                    Sched::InFlightRewatched { interval, lease_ms } => (*interval, *lease_ms),
                     _ => (r.interval, r.lease_ms),
                 };
                 let next = match at {
