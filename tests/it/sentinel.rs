@@ -757,3 +757,44 @@ fn a_latch_waiter_rides_out_a_sentinel_failover() {
     );
     assert!(returned - counted < Duration::from_secs(10));
 }
+
+/// A `lock()` without a deadline, whose last answered try saw a lease of
+/// 1.5 s, rides out a SIGKILL failover of the master that takes longer
+/// than that (it rides out a failover for at least its watchdog timeout),
+/// and takes the lock on the new master once the holder's lease has run
+/// out there.
+#[test]
+fn a_lock_waiter_without_deadline_rides_out_a_sentinel_failover() {
+    let g = Group::start(false);
+    let holder = g
+        .builder(true)
+        .watchdog_timeout(Duration::from_millis(1500))
+        .build()
+        .expect("holder client");
+    let guard = holder
+        .lock("ride-lock")
+        .lock()
+        .expect("the holder takes the lock");
+    let waiter_client = g.client(true);
+    let (tx, rx) = mpsc::channel();
+    let lock = waiter_client.lock("ride-lock");
+    thread::spawn(move || {
+        let r = lock.lock().map(|g| g.hold_count());
+        tx.send((r, Instant::now())).unwrap();
+    });
+    wait_until("the waiter to subscribe", WAIT_LONG, || {
+        g.nodes[0].subscribers("redisson_lock__channel:{ride-lock}") == 1
+    });
+    let old = g.nodes[0].port();
+    let killed = Instant::now();
+    g.nodes[0].kill();
+    g.new_master(old);
+    eprintln!("new master {:?} after the kill", killed.elapsed());
+    drop(guard);
+    let (r, at) = rx.recv_timeout(WAIT_LONG).expect("the waiter returns");
+    eprintln!("lock() returned {r:?} {:?} after the kill", at - killed);
+    assert!(
+        r.is_ok(),
+        "the waiter took the lock on the new master: {r:?}"
+    );
+}
