@@ -564,6 +564,7 @@ mod tests {
         assert_eq!(owner_key("no-colon"), None);
     }
 }
+
 /// Client memory per held lock is a reported figure (`benches/watchdog.rs`,
 /// issue 20): a field that makes a hold larger fails here until the limit
 /// is raised with the bench's figures.

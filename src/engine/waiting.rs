@@ -130,10 +130,7 @@ impl Waiters<'_> {
         // each subscription) up to it. One without makes each a single call
         // (which rides out a failover for a response timeout, as any call)
         // and leaves the rest to `Outage`, with its floor.
-        let mut attempt = |q: Option<&Queued>| match deadline {
-            Some(_) => through_failover(self.router, self.name, deadline, || try_once(q)),
-            None => try_once(q),
-        };
+        let mut attempt = |q: Option<&Queued>| self.ride(deadline, || try_once(q));
         let floor = match deadline {
             None if self.router.can_move() => self.failover,
             _ => Duration::ZERO,
@@ -350,13 +347,10 @@ impl Waiters<'_> {
     }
 
     /// `f` riding out a failover up to `deadline`, or once without one.
-    fn ride<T>(&self, deadline: Option<Instant>, f: impl FnMut() -> Result<T>) -> Result<T> {
+    fn ride<T>(&self, deadline: Option<Instant>, mut f: impl FnMut() -> Result<T>) -> Result<T> {
         match deadline {
             Some(_) => through_failover(self.router, self.name, deadline, f),
-            None => {
-                let mut f = f;
-                f()
-            }
+            None => f(),
         }
     }
 }
