@@ -608,7 +608,10 @@ impl ClientBuilder {
     /// rides out a failover at least, from its first failed try: a holder
     /// keeps its lock through an outage that long, so a failover shorter
     /// than it loses neither the lock nor the wait. Past it, the wait fails
-    /// with the last error.
+    /// with the last error. Keep it above the time a failover takes: with
+    /// Sentinel's default `down-after-milliseconds` (30 s) a failover takes
+    /// longer than the default 30 s, and both held locks and waits end
+    /// before it does (lower `down-after-milliseconds`, or raise this).
     pub fn watchdog_timeout(mut self, lease: Duration) -> Self {
         self.watchdog_timeout = lease;
         self
