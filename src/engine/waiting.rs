@@ -460,3 +460,81 @@ impl Outage {
         Err(e)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    fn down() -> Error {
+        Error::Pool("no connection".into())
+    }
+
+    #[test]
+    fn without_a_floor_a_failure_ends_the_wait_past_its_bound() {
+        let mut o = Outage::new(Duration::ZERO);
+        // No answered try yet: as any call.
+        assert!(o.failed(down(), "t").is_err());
+        // Within the bound of the last answered try: tried again.
+        o.answered(Instant::now() + HOUR);
+        assert!(o.failed(down(), "t").is_ok());
+        // Past it: the error.
+        o.answered(Instant::now());
+        assert!(o.failed(down(), "t").is_err());
+        // Not a failover symptom: the error at once.
+        o.answered(Instant::now() + HOUR);
+        assert!(o.failed(Error::invalid("bad"), "t").is_err());
+    }
+
+    #[test]
+    fn a_floor_rides_a_failure_out_from_the_first_one_after_an_answer() {
+        let mut o = Outage::new(HOUR);
+        // Before any answer, and past the bound of the last one: the floor.
+        assert!(o.failed(down(), "t").is_ok());
+        o.answered(Instant::now());
+        let at = o.failed(down(), "t").expect("within the floor");
+        assert!(
+            at <= Instant::now() + OUTAGE_MAX_PAUSE * 2,
+            "a pause, not the floor's end"
+        );
+        // The floor counts from the first failure since the answer: it
+        // does not move with later ones.
+        let first_end = o.floor_ends.expect("set by the first failure");
+        assert!(o.failed(down(), "t").is_ok());
+        assert_eq!(o.floor_ends, Some(first_end));
+        // An answered try starts it again.
+        o.answered(Instant::now());
+        assert_eq!(o.floor_ends, None);
+        // Still only for failover symptoms.
+        assert!(o.failed(Error::invalid("bad"), "t").is_err());
+    }
+
+    #[test]
+    fn the_pause_grows_until_the_wait_is_calm_again() {
+        let mut o = Outage::new(HOUR);
+        o.answered(Instant::now() + HOUR);
+        let pause = |o: &mut Outage| {
+            let now = Instant::now();
+            o.failed(down(), "t").expect("within the bound") - now
+        };
+        // About 50 ms, jittered by half.
+        assert!(pause(&mut o) <= OUTAGE_FIRST_PAUSE * 3 / 2 + Duration::from_millis(5));
+        for _ in 0..8 {
+            pause(&mut o);
+        }
+        // Grown to about 500 ms, and no further.
+        let grown = pause(&mut o);
+        assert!(grown >= OUTAGE_MAX_PAUSE / 2, "{grown:?}");
+        assert!(
+            grown <= OUTAGE_MAX_PAUSE * 3 / 2 + Duration::from_millis(5),
+            "{grown:?}"
+        );
+        // An answered try alone does not reset it (a subscription that
+        // keeps failing between answered tries); waiting again does.
+        o.answered(Instant::now() + HOUR);
+        assert!(pause(&mut o) >= OUTAGE_MAX_PAUSE / 2);
+        o.calm();
+        assert!(pause(&mut o) <= OUTAGE_FIRST_PAUSE * 3 / 2 + Duration::from_millis(5));
+    }
+}
