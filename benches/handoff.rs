@@ -366,6 +366,19 @@ fn main() {
         all
     };
     for (w, shape, ours, theirs) in rows {
+        // Each round's ratio of medians too: the spread says how far one
+        // run's figure can be trusted on this machine.
+        let rounds_ratios: Vec<f64> = ours
+            .iter()
+            .zip(&theirs)
+            .filter(|(o, t)| !o.is_empty() && !t.is_empty())
+            .map(|(o, t)| {
+                let (mut o, mut t) = (o.clone(), t.clone());
+                o.sort_unstable();
+                t.sort_unstable();
+                support::quantile(&o, 0.5).as_secs_f64() / support::quantile(&t, 0.5).as_secs_f64()
+            })
+            .collect();
         let (ours, theirs) = (merged(&ours), merged(&theirs));
         let p50 = support::quantile(&ours, 0.5);
         let mut line = format!(
@@ -385,6 +398,8 @@ fn main() {
                 theirs.len(),
                 if ratio <= 0.5 { "PASS" } else { "MISS" }
             ));
+            let each: Vec<String> = rounds_ratios.iter().map(|r| format!("{r:.2}")).collect();
+            line.push_str(&format!(" | each round {}", each.join(", ")));
         }
         println!("{line}");
     }
