@@ -118,15 +118,7 @@ fn measure(
             .map(|s| support::cpu_time_of(s.pid().expect("server runs")))
             .sum()
     };
-    let guards: Vec<_> = (0..n)
-        .map(|i| {
-            client
-                .lock(format!("bench:alive:{i}"))
-                .try_lock()
-                .expect("try_lock")
-                .expect("free")
-        })
-        .collect();
+    let guards = support::hold_fresh_locks(&client, "bench:alive:", n);
     // Two renewal cycles to settle (scripts loaded, batches formed).
     std::thread::sleep(Duration::from_secs(2));
     let (s0, cpu0, rcpu0, t0) = (

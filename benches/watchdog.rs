@@ -216,15 +216,7 @@ fn redlease_run(server: &RedisServer, n: usize, settle: Duration, window: Durati
             .name("bench-holder".into())
             .spawn(move || {
                 let started = Instant::now();
-                let guards: Vec<_> = (0..n)
-                    .map(|i| {
-                        client
-                            .lock(format!("bench:wd:{n}:{i}"))
-                            .try_lock()
-                            .expect("try_lock")
-                            .expect("a fresh lock is free")
-                    })
-                    .collect();
+                let guards = support::hold_fresh_locks(&client, &format!("bench:wd:{n}:"), n);
                 ready_tx
                     .send(HolderMsg::Ready(started.elapsed()))
                     .expect("main waits for the holder");
@@ -499,15 +491,7 @@ fn instructions_run() {
         .watchdog_timeout(LEASE)
         .build()
         .expect("client");
-    let guards: Vec<_> = (0..INSTRUCTIONS_N)
-        .map(|i| {
-            client
-                .lock(format!("bench:wd-instr:{i}"))
-                .try_lock()
-                .expect("try_lock")
-                .expect("a fresh lock is free")
-        })
-        .collect();
+    let guards = support::hold_fresh_locks(&client, "bench:wd-instr:", INSTRUCTIONS_N);
     // Past the first renewals, which come in small batches as the locks
     // were taken one after another.
     std::thread::sleep(RENEW_EVERY * 2);

@@ -304,6 +304,24 @@ pub fn script_load(conn: &mut redis::Connection, source: &str) -> String {
 }
 
 /// The `q`-quantile (0..=1) of sorted `samples`.
+/// `n` fresh locks named `<prefix><i>`, taken with `try_lock` (watched by
+/// the watchdog) and held until the guards are dropped.
+pub fn hold_fresh_locks(
+    client: &redlease::Client,
+    prefix: &str,
+    n: usize,
+) -> Vec<redlease::LockGuard> {
+    (0..n)
+        .map(|i| {
+            client
+                .lock(format!("{prefix}{i}"))
+                .try_lock()
+                .expect("try_lock")
+                .expect("a fresh lock is free")
+        })
+        .collect()
+}
+
 pub fn quantile(sorted: &[Duration], q: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;

@@ -374,7 +374,7 @@ impl Hold {
 
     /// A renewal taken with `token` extended the lease to `until`: raises
     /// the bound unless a lease-setting request began since (`true` if it
-    /// did), and gives the hold's entry in the watchdog's schedule, under
+    /// raised it), and gives the hold's entry in the watchdog's schedule, under
     /// the same lock (see [`sched`](Hold::sched) for when to call it).
     pub(crate) fn renewed(
         &self,
