@@ -170,9 +170,16 @@ impl Read for LiveReader<'_> {
 /// The waiters of one lock name on one channel, and their wake-ups.
 struct Latch {
     state: Mutex<LatchState>,
-    wake: Condvar,
     /// How many waiters a message wakes.
     rule: WakeRule,
+}
+
+/// One subscription's own wake-up: a waiter sleeps on its own condition
+/// variable (with the latch's lock), so that a wake-up for one waiter
+/// wakes that one alone.
+#[derive(Default)]
+struct Sleeper {
+    cv: Condvar,
 }
 
 /// How many of one name's waiters in this process a message on its channel
@@ -223,9 +230,26 @@ struct LatchState {
     /// Waiters of several locks at once (RedLock, MultiLock), told of any
     /// change of this latch.
     watchers: Vec<Weak<Notify>>,
+    /// The waiters asleep in [`Subscription::wait_until`], longest first:
+    /// a wake-up for one wakes the first.
+    sleeping: VecDeque<Arc<Sleeper>>,
 }
 
 impl LatchState {
+    /// Wakes every sleeping waiter.
+    fn wake_all(&mut self) {
+        for s in self.sleeping.drain(..) {
+            s.cv.notify_one();
+        }
+    }
+
+    /// Wakes the waiter that has slept longest, if any.
+    fn wake_one(&mut self) {
+        if let Some(s) = self.sleeping.pop_front() {
+            s.cv.notify_one();
+        }
+    }
+
     fn tell_watchers(&mut self) {
         self.watchers.retain(|w| match w.upgrade() {
             Some(n) => {
@@ -273,8 +297,8 @@ impl Latch {
                 failed: None,
                 moved: None,
                 watchers: Vec::new(),
+                sleeping: VecDeque::new(),
             }),
-            wake: Condvar::new(),
         }
     }
 
@@ -284,10 +308,10 @@ impl Latch {
         let cap = state.waiters.max(1);
         if all {
             state.permits = cap;
-            self.wake.notify_all();
+            state.wake_all();
         } else {
             state.permits = (state.permits + 1).min(cap);
-            self.wake.notify_one();
+            state.wake_one();
         }
         state.tell_watchers();
     }
@@ -297,14 +321,14 @@ impl Latch {
     /// of several locks (`watchers`) too.
     fn recheck(&self) {
         let mut state = self.state.lock();
-        self.wake.notify_all();
+        state.wake_all();
         state.tell_watchers();
     }
 
     fn moved(&self, to: Option<&str>) {
         let mut state = self.state.lock();
         state.moved = Some(to.map(str::to_owned));
-        self.wake.notify_all();
+        state.wake_all();
         state.tell_watchers();
     }
 
@@ -314,7 +338,7 @@ impl Latch {
         if state.failed.is_none() {
             state.failed = Some(e.clone());
         }
-        self.wake.notify_all();
+        state.wake_all();
         state.tell_watchers();
     }
 }
@@ -601,6 +625,7 @@ impl PubSub {
             channels: chans,
             lock: lock.to_owned(),
             latch,
+            sleeper: Arc::new(Sleeper::default()),
             held: Cell::new(false),
             recheck: Cell::new(UNCONFIRMED_RECHECK),
             closed: Cell::new(false),
@@ -658,6 +683,8 @@ pub(crate) struct Subscription {
     channels: Vec<Arc<Channel>>,
     lock: String,
     latch: Arc<Latch>,
+    /// This waiter's own wake-up.
+    sleeper: Arc<Sleeper>,
     /// A wake-up was taken and its retry has not been answered yet.
     held: Cell<bool>,
     /// The next re-check while the subscription is not confirmed.
@@ -690,11 +717,16 @@ impl Subscription {
         // forward, never push it back (a link that keeps dropping would
         // otherwise postpone it again and again).
         let mut at = self.bound(until);
+        let me = &self.sleeper;
         loop {
             if let Some(wake) = self.take(&mut state)? {
                 return Ok(wake);
             }
-            if self.latch.wake.wait_until(&mut state, at).timed_out() {
+            state.sleeping.push_back(Arc::clone(me));
+            let timed_out = me.cv.wait_until(&mut state, at).timed_out();
+            // Still listed unless a wake-up took it off.
+            state.sleeping.retain(|s| !Arc::ptr_eq(s, me));
+            if timed_out {
                 return Ok(self.take(&mut state)?.unwrap_or(Wake::TimedOut));
             }
             if at == until && !self.confirmed() {
@@ -809,7 +841,7 @@ impl Subscription {
                     // The wake-up was not used (the retry failed): another
                     // waiter of this lock may find it free.
                     state.permits = (state.permits + 1).min(state.waiters);
-                    self.latch.wake.notify_one();
+                    state.wake_one();
                 }
                 state.waiters
             };
