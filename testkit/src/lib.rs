@@ -836,6 +836,11 @@ pub enum Fault {
     /// Forward the request, then close the connection before any reply
     /// reaches the client (what [`Proxy::cut_after_request`] does).
     CutAfterRequest,
+    /// Swallow the request on the client's connection (the client sees no
+    /// reply and times out), and deliver it to the server this long later
+    /// on a connection of its own, its reply discarded: a copy of a request
+    /// that reaches Redis after its caller gave up.
+    LateCopy(Duration),
 }
 
 /// Handle of a rule installed with [`Proxy::add_rule`].
@@ -1307,6 +1312,18 @@ fn pump(
                     Some(Fault::DropReply) => pair.drop_replies.store(true, Ordering::SeqCst),
                     Some(Fault::BlackHole) => {
                         pair.black_holed.store(true, Ordering::SeqCst);
+                        continue;
+                    }
+                    Some(Fault::LateCopy(d)) => {
+                        let (copy, upstream) = (chunk.to_vec(), shared.upstream);
+                        thread::spawn(move || {
+                            thread::sleep(d);
+                            if let Ok(mut s) = TcpStream::connect(upstream) {
+                                let _ = s.write_all(&copy);
+                                let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+                                let _ = s.read(&mut [0u8; 4096]);
+                            }
+                        });
                         continue;
                     }
                     Some(Fault::CutAfterRequest) => {
