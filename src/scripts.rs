@@ -421,6 +421,23 @@ pub(crate) struct Release<'a> {
     pub(crate) publish: &'a str,
     /// A read hold's key prefix ([`LockRef::hold_prefix`]).
     pub(crate) prefix: &'a str,
+    /// A full release of a reentrant lock: the waiting thread of this
+    /// client it may hand the lock to (release_plain.lua).
+    pub(crate) grant: Option<Grant<'a>>,
+}
+
+/// An acquisition a release may carry out for a waiting thread of the same
+/// client (see release_plain.lua).
+#[derive(Clone, Copy)]
+pub(crate) struct Grant<'a> {
+    /// The waiter's owner field.
+    pub(crate) field: &'a str,
+    /// Its acquisition's cancel marker.
+    pub(crate) marker: &'a str,
+    pub(crate) gen: u64,
+    pub(crate) lease_ms: u64,
+    /// This process's wake-up channel for the lock.
+    pub(crate) wake: &'a str,
 }
 
 impl Release<'_> {
@@ -442,6 +459,9 @@ impl Release<'_> {
         for key in &self.unsettled {
             cmd.arg(*key);
         }
+        if let Some(g) = &self.grant {
+            cmd.arg(g.marker);
+        }
         cmd.arg(self.lock.field)
             .arg(self.left)
             .arg(self.lease_ms)
@@ -451,8 +471,11 @@ impl Release<'_> {
         if self.lock.kind.is_rw() {
             cmd.arg(self.prefix).arg(rw_base(self.lock.name));
         }
-        if !self.unsettled.is_empty() {
+        if !self.unsettled.is_empty() || self.grant.is_some() {
             cmd.arg(LATE_REQUEST_WINDOW_MS);
+        }
+        if let Some(g) = &self.grant {
+            cmd.arg(g.field).arg(g.gen).arg(g.lease_ms).arg(g.wake);
         }
     }
 
@@ -462,7 +485,7 @@ impl Release<'_> {
             Kind::Plain | Kind::Fenced => 1,
             Kind::Read | Kind::Write => 0,
         };
-        3 + extra + self.unsettled.len()
+        3 + extra + self.unsettled.len() + usize::from(self.grant.is_some())
     }
 
     fn script(&self) -> &'static Lua {

@@ -13,11 +13,15 @@
 //!   key), which the watchdog writes;
 //! - `watchdog`: the `redlease-watchdog` thread: renews due holds per node
 //!   in one round trip each, and settles lost requests until each has run;
+//! - `grants`: hand-off inside one client: a waiter's prepared acquisition
+//!   that a releasing thread of the same client carries out with its
+//!   release (uses the net layer's wake-up of one waiter);
 //! - `shared`: the context a client's locks hold (ids, router, watchdog,
 //!   timeouts), and the checks every kind makes;
 //! - `waiting`: the acquire loop (try, subscribe, wait for a message or
 //!   the hint, try again), which uses the net layer only.
 
+pub(crate) mod grants;
 pub(crate) mod hold;
 pub(crate) mod owners;
 pub(crate) mod process;

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use crate::engine::grants::Grants;
 use crate::engine::owners::{add_pending, owner_state};
 use crate::engine::process::Announce;
 use crate::engine::unsettled::Unsettled;
@@ -63,6 +64,9 @@ pub(crate) struct Shared {
     /// same request to find it (4 response timeouts, at least 1 s).
     pub(crate) latch_ttl_ms: u64,
     pub(crate) response_timeout: Duration,
+    /// Waiters of this client's reentrant locks that a release by another
+    /// of its threads may hand the lock to.
+    pub(crate) grants: Grants,
 }
 
 impl Shared {
@@ -95,6 +99,7 @@ impl Shared {
             max_hold,
             latch_ttl_ms: duration_ms(response_timeout).saturating_mul(4).max(1000),
             response_timeout,
+            grants: Grants::default(),
         }
     }
 

@@ -182,6 +182,7 @@ impl Unsettled {
                 gen,
                 publish,
                 prefix: &self.lock_ref().hold_prefix(),
+                grant: None,
             }
             .run(conn)
             .map(|r| r.unwrap_or(0)),

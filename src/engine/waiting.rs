@@ -18,12 +18,14 @@
 //! up or steps out leaves the queue, passing on a wake-up it was given; a
 //! release skips a queued process that nobody listens for.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::engine::grants::{Offer, Outcome};
 use crate::engine::shared::Shared;
 use crate::engine::unsettled::{Lost, Unsettled};
 use crate::error::{Error, Result};
-use crate::net::pubsub::{Subscription, Wake, WakeRule};
+use crate::net::pubsub::{Poker, Subscription, Wake, WakeRule};
 use crate::net::router::Router;
 use crate::scripts::{self, Kind, LockRef, Queued};
 use crate::time::{far_future, jitter};
@@ -99,6 +101,18 @@ pub(crate) struct Waiters<'a> {
     pub(crate) failover: Duration,
 }
 
+/// A waiter that a release by another thread of its client may hand the
+/// lock to (engine/grants.rs).
+pub(crate) trait Grantee<T> {
+    /// The acquisition to offer while the waiter sleeps (woken through
+    /// `poker`; `wake`: its process's wake-up channel), if it may take one
+    /// now.
+    fn offer(&mut self, poker: Poker, wake: &str) -> Option<Offer>;
+
+    /// The offer was granted, leased from `sent`: the waiter's hold.
+    fn granted(&mut self, offer: &Offer, sent: Instant) -> Result<T>;
+}
+
 /// A waiter's process's place in a reentrant lock's queue: the queue's key
 /// and the process's wake-up channel.
 #[derive(Clone)]
@@ -117,7 +131,19 @@ impl Waiters<'_> {
     pub(crate) fn acquire<T>(
         &self,
         deadline: Option<Instant>,
+        try_once: impl FnMut(Option<&Queued>) -> Result<Attempt<T>>,
+    ) -> Result<Option<T>> {
+        self.acquire_with(deadline, try_once, None)
+    }
+
+    /// [`acquire`](Waiters::acquire), where a release by another thread of
+    /// this client may hand the lock to this waiter while it sleeps
+    /// (`grantee`, a reentrant lock's waiter; see engine/grants.rs).
+    pub(crate) fn acquire_with<T>(
+        &self,
+        deadline: Option<Instant>,
         mut try_once: impl FnMut(Option<&Queued>) -> Result<Attempt<T>>,
+        mut grantee: Option<&mut dyn Grantee<T>>,
     ) -> Result<Option<T>> {
         let events = &self.router.counters().events;
         let started = self.kind.and(events.start());
@@ -259,8 +285,42 @@ impl Waiters<'_> {
                     continue;
                 };
                 outage.calm();
-                match sub.wait_until(until)? {
-                    Wake::Woken | Wake::TimedOut => {}
+                // While it sleeps, a release by another thread of this
+                // client may hand it the lock.
+                let offer = match (grantee.as_deref_mut(), self.client, &queue) {
+                    (Some(g), Some(client), Some(q)) => g.offer(sub.poker(), &q.channel).map(|o| {
+                        let o = Arc::new(o);
+                        client.grants.park(&o);
+                        o
+                    }),
+                    _ => None,
+                };
+                let woke = sub.wait_until(until);
+                if let (Some(o), Some(client)) = (offer, self.client) {
+                    let outcome = client.grants.withdraw(&o);
+                    if outcome.is_some() {
+                        // The release's poke, if not waited for yet.
+                        sub.unpoke();
+                    }
+                    match outcome {
+                        // Nobody took it; or the release ran without a
+                        // hand-off, and a try follows at once.
+                        None | Some(Outcome::Declined) => {}
+                        Some(Outcome::Granted { sent }) => {
+                            if let Some(g) = grantee.as_deref_mut() {
+                                let got = g.granted(&o, sent)?;
+                                acquired(true);
+                                return Ok(Some(got));
+                            }
+                        }
+                        // The release's reply was lost: what it may have
+                        // granted is undone (and this thread's next try
+                        // sets the cancel marker first).
+                        Some(Outcome::Unknown { sent }) => client.settle_later(o.lost(sent)),
+                    }
+                }
+                match woke? {
+                    Wake::Woken | Wake::TimedOut | Wake::Poked => {}
                     Wake::Moved(to) => {
                         // The channel's slot moved or its node failed
                         // (Cluster): subscribe where it is now, then retry (a

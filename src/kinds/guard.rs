@@ -6,6 +6,7 @@ use std::marker::PhantomData;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
+use crate::engine::grants::{Claim, Outcome};
 use crate::engine::hold::{Hold, LostListener};
 use crate::engine::owners::{is_latest, owner_state, remove_hold, settle};
 use crate::engine::shared::Shared;
@@ -13,7 +14,7 @@ use crate::engine::unsettled::{keys, Lost, Unsettled};
 use crate::error::{Error, Result};
 use crate::kinds::lockable::lease_guard_by_inherent;
 use crate::net::pool::Synced;
-use crate::scripts;
+use crate::scripts::{self, Kind};
 use crate::time::warn_limited;
 
 /// A held lock. Dropping it releases one hold (the lock is free once every
@@ -253,8 +254,16 @@ impl Held {
     fn release(&mut self) -> Result<()> {
         match self.begin_release() {
             Release::Done(r) => r,
-            Release::Send(step) => {
+            Release::Send(mut step) => {
+                // A full release of a reentrant lock that another thread of
+                // this client waits for hands it over (engine/grants.rs).
+                if step.request.left == 0 && !step.expired && self.hold.kind == Kind::Plain {
+                    step.request.grant = self.shared.grants.claim(self.hold.name());
+                }
                 let reply = self.send_release(&step.request);
+                if let Some(claim) = step.request.grant.take() {
+                    claim.decide(grant_outcome(&reply, step.request.sent));
+                }
                 self.end_release(step, reply)
             }
         }
@@ -384,6 +393,7 @@ impl Held {
             sent,
             left,
             lease_ms,
+            grant: None,
         }
     }
 
@@ -406,6 +416,16 @@ impl Held {
             gen: r.n,
             publish: shared.router.publish_command(),
             prefix: self.hold.prefix(),
+            grant: r.grant.as_ref().map(|c| {
+                let o = c.offer();
+                scripts::Grant {
+                    field: &o.field,
+                    marker: &o.marker,
+                    gen: o.n,
+                    lease_ms: o.lease_ms,
+                    wake: &o.wake,
+                }
+            }),
         }
     }
 
@@ -478,6 +498,22 @@ pub(crate) struct ReleaseRequest {
     /// Holds left after it (0: a full release).
     left: u32,
     lease_ms: u64,
+    /// The waiting thread of this client it may hand the lock to.
+    grant: Option<Claim>,
+}
+
+/// What a release that may have handed the lock over did for its waiter:
+/// granted only on Redis's word (and, with replica sync, the replicas'),
+/// declined when Redis answered otherwise or never got it, unknown when
+/// it may have run.
+fn grant_outcome(reply: &Result<(Option<i64>, Synced)>, sent: Instant) -> Outcome {
+    match reply {
+        Ok((Some(2), Synced::No { .. })) => Outcome::Unknown { sent },
+        Ok((Some(2), _)) => Outcome::Granted { sent },
+        Ok(_) => Outcome::Declined,
+        Err(e) if e.maybe_applied() => Outcome::Unknown { sent },
+        Err(_) => Outcome::Declined,
+    }
 }
 
 /// A release under way: its request, and whether the hold's bound had

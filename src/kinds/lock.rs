@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::engine::grants::Offer;
 use crate::engine::hold::{slot_key, Hold};
 use crate::engine::owners::{insert_hold, owner_state, settle};
 use crate::engine::shared::{check_lease, check_max_hold, check_name, Shared};
@@ -15,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::kinds::guard::LockGuard;
 use crate::kinds::lockable::lockable_by_inherent;
 use crate::net::pool::Synced;
-use crate::net::pubsub::{Subscription, WakeRule};
+use crate::net::pubsub::{Poker, Subscription, WakeRule};
 use crate::net::router::Router;
 use crate::scripts::{self, AcquireReply, Kind, LockRef, Queued};
 use crate::time::duration_ms;
@@ -114,7 +115,6 @@ pub(crate) struct Request {
     requeue: bool,
     /// Holds the owner had when the request was made.
     held: u32,
-    watched: bool,
     lease_ms: u64,
     /// The lease the remaining holds need if the request is undone.
     restore_ms: u64,
@@ -607,8 +607,15 @@ impl Lock {
         if self.kind == Kind::Write && matches!(wait, Wait::Forever) {
             self.check_no_upgrade()?;
         }
-        self.waiters()
-            .acquire(wait.deadline(), |q| self.attempt_synced(terms, q))
+        let waiters = self.waiters();
+        let try_once = |q: Option<&Queued>| self.attempt_synced(terms, q);
+        if self.kind == Kind::Plain && !self.owned {
+            // A release by another thread of this client may hand it over.
+            let mut grantee = Grantee { lock: self, terms };
+            waiters.acquire_with(wait.deadline(), try_once, Some(&mut grantee))
+        } else {
+            waiters.acquire(wait.deadline(), try_once)
+        }
     }
 
     /// Where this lock's waiters listen: a release wakes one per process
@@ -729,7 +736,6 @@ impl Lock {
             place_ms: terms.place_ms,
             requeue: terms.requeue,
             held,
-            watched,
             lease_ms,
             restore_ms,
             n,
@@ -820,7 +826,6 @@ impl Lock {
             existing,
             pending,
             held,
-            watched,
             lease_ms,
             restore_ms,
             n,
@@ -909,15 +914,39 @@ impl Lock {
                 hold.confirmed(sent, lease_ms, n);
                 hold
             }
-            None => {
-                let cap = terms.max_hold.and_then(|d| sent.checked_add(d));
-                let hold = Arc::new(Hold::new(
-                    shared.id, lock, sent, lease_ms, n, cap, self.owned,
-                ));
-                insert_hold(&hold);
-                hold
-            }
+            None => self.new_hold(terms, lock, sent, lease_ms, n),
         };
+        self.guard(terms, hold, token).map(Attempt::Acquired)
+    }
+
+    /// A first hold of this owner, acquired with a request sent at `sent`,
+    /// registered as the thread's.
+    fn new_hold(
+        &self,
+        terms: &Terms,
+        lock: LockRef<'_>,
+        sent: Instant,
+        lease_ms: u64,
+        n: u64,
+    ) -> Arc<Hold> {
+        let cap = terms.max_hold.and_then(|d| sent.checked_add(d));
+        let hold = Arc::new(Hold::new(
+            self.shared.id,
+            lock,
+            sent,
+            lease_ms,
+            n,
+            cap,
+            self.owned,
+        ));
+        insert_hold(&hold);
+        hold
+    }
+
+    /// The guard of one acquisition of `hold`, watched if `terms` say so.
+    fn guard(&self, terms: &Terms, hold: Arc<Hold>, token: Option<u64>) -> Result<LockGuard> {
+        let shared = &self.shared;
+        let watched = terms.renew.is_some();
         shared.announce();
         let first_watched = hold.acquired(terms.lease_ms, watched);
         let guard = LockGuard::new(Arc::clone(&self.shared), Arc::clone(&hold), watched, token);
@@ -928,7 +957,52 @@ impl Lock {
                 .watch(&hold, interval, terms.lease_ms)
                 .map_err(Error::Thread)?;
         }
-        Ok(Attempt::Acquired(guard))
+        Ok(guard)
+    }
+}
+
+/// A reentrant lock's waiter, to which a release by another thread of its
+/// client may hand the lock (engine/grants.rs): only a first acquisition
+/// with nothing unsettled (a re-entry does not wait; an unsettled request
+/// goes out with the waiter's own next try).
+struct Grantee<'a> {
+    lock: &'a Lock,
+    terms: &'a Terms,
+}
+
+impl crate::engine::waiting::Grantee<LockGuard> for Grantee<'_> {
+    fn offer(&mut self, poker: Poker, wake: &str) -> Option<Offer> {
+        let lock = self.lock;
+        let shared = &lock.shared;
+        let (existing, pending) = owner_state(shared.id, &lock.slot);
+        if existing.is_some() || !pending.is_empty() {
+            return None;
+        }
+        let field = lock.owner_field();
+        let n = shared.next_request();
+        let marker = scripts::acquire_cancel_name(&lock.name, &field, n);
+        Some(Offer::new(
+            &lock.name,
+            &lock.channel,
+            field,
+            marker,
+            n,
+            self.terms.new_hold_lease_ms(),
+            wake.to_owned(),
+            poker,
+        ))
+    }
+
+    fn granted(&mut self, offer: &Offer, sent: Instant) -> Result<LockGuard> {
+        let lock = self.lock;
+        let lock_ref = LockRef {
+            name: &lock.name,
+            channel: &lock.channel,
+            field: &offer.field,
+            kind: lock.kind,
+        };
+        let hold = lock.new_hold(self.terms, lock_ref, sent, offer.lease_ms, offer.n);
+        lock.guard(self.terms, hold, None)
     }
 }
 

@@ -180,6 +180,9 @@ struct Latch {
 #[derive(Default)]
 struct Sleeper {
     cv: Condvar,
+    /// Set by [`Poker::poke`] (under the latch's lock), taken by the
+    /// waiter.
+    poked: AtomicBool,
 }
 
 /// How many of one name's waiters in this process a message on its channel
@@ -672,6 +675,26 @@ pub(crate) enum Wake {
     /// The channel is no longer served by this subscriber (Cluster): it
     /// moved to the node named, if Redis named one.
     Moved(Option<String>),
+    /// Woken by this subscription's [`Poker`], for this waiter alone.
+    Poked,
+}
+
+/// Wakes one waiter's [`Subscription::wait_until`] (with [`Wake::Poked`]),
+/// and no other waiter of its lock; from any thread, while the
+/// subscription lasts (after, it does nothing).
+pub(crate) struct Poker {
+    latch: Arc<Latch>,
+    sleeper: Arc<Sleeper>,
+}
+
+impl Poker {
+    /// Wakes the waiter, now if it sleeps, else at its next wait.
+    pub(crate) fn poke(&self) {
+        let mut state = self.latch.state.lock();
+        self.sleeper.poked.store(true, Ordering::Relaxed);
+        state.sleeping.retain(|s| !Arc::ptr_eq(s, &self.sleeper));
+        self.sleeper.cv.notify_one();
+    }
 }
 
 /// A waiter's subscription to one lock's release channel (and its
@@ -719,6 +742,9 @@ impl Subscription {
         let mut at = self.bound(until);
         let me = &self.sleeper;
         loop {
+            if me.poked.swap(false, Ordering::Relaxed) {
+                return Ok(Wake::Poked);
+            }
             if let Some(wake) = self.take(&mut state)? {
                 return Ok(wake);
             }
@@ -727,11 +753,27 @@ impl Subscription {
             // Still listed unless a wake-up took it off.
             state.sleeping.retain(|s| !Arc::ptr_eq(s, me));
             if timed_out {
+                if me.poked.swap(false, Ordering::Relaxed) {
+                    return Ok(Wake::Poked);
+                }
                 return Ok(self.take(&mut state)?.unwrap_or(Wake::TimedOut));
             }
             if at == until && !self.confirmed() {
                 at = self.bound(until);
             }
+        }
+    }
+
+    /// Forgets a poke not waited for yet (its cause was taken otherwise).
+    pub(crate) fn unpoke(&self) {
+        self.sleeper.poked.store(false, Ordering::Relaxed);
+    }
+
+    /// What wakes this waiter alone (see [`Poker`]).
+    pub(crate) fn poker(&self) -> Poker {
+        Poker {
+            latch: Arc::clone(&self.latch),
+            sleeper: Arc::clone(&self.sleeper),
         }
     }
 

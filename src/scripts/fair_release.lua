@@ -3,6 +3,11 @@
 -- unsettled keys start at KEYS[7], and a full release tells only the first
 -- waiter in line.
 local FIRST_UNSETTLED = 7
+local LAST_UNSETTLED = #KEYS
+-- A fair lock's release never hands it over (the line decides who is next).
+local function grant_allowed()
+    return false
+end
 local function wake_waiters()
     wake_first(KEYS[4], KEYS[5], KEYS[6], KEYS[2], ARGV[6])
 end

@@ -11,15 +11,19 @@
 -- ARGV[5] generation (this request's id, see acquire.lua)
 -- ARGV[6] the publish command: 'publish', or 'spublish' (sharded pub/sub on
 --         a cluster, as Redisson's getPublishCommand)
--- ARGV[7] TTL in ms of the unsettled keys (given only with them)
+-- ARGV[7] TTL in ms of the unsettled keys (given with them, and with ARGV[8..])
+-- ARGV[8..11], with the waiter's cancel marker as the last key: a waiting
+--         thread of this client that a full release may hand the lock to
+--         (see release_plain.lua)
 -- Returns nil when the field is gone (not held: expired or deleted), 0 when
--- holds remain, 1 when the lock was deleted and its waiters told.
+-- holds remain, 1 when the lock was deleted and its waiters told, 2 when it
+-- was handed to the waiter of ARGV[8] (nobody is told: it is still held).
 -- A retry or a late copy of the same request (same latch) returns the first
 -- answer again, "not held" included, so a release whose reply was lost is
 -- never applied twice nor reported "not held", and a copy that arrives after
 -- the owner took the lock again cannot touch that later hold; an owner's
 -- later operation sets the latch of its unsettled releases first, too.
-for i = FIRST_UNSETTLED, #KEYS do
+for i = FIRST_UNSETTLED, LAST_UNSETTLED do
     redis.call('set', KEYS[i], 1, 'px', ARGV[7])
 end
 local done = redis.call('get', KEYS[3])
@@ -45,6 +49,15 @@ local state = redis.call('hmget', KEYS[1], ARGV[1], 'redlease:waiting')
 if not state[1] then
     redis.call('set', KEYS[3], 'n', 'px', ARGV[4])
     return nil
+end
+if grant_allowed(state[2]) then
+    -- The releasing owner's fields go; the waiter's come, with its lease
+    -- (the queue's mark stays: queued processes still wait).
+    redis.call('hdel', KEYS[1], ARGV[1], ARGV[1] .. ':gen')
+    redis.call('hset', KEYS[1], ARGV[8], 1, ARGV[8] .. ':gen', ARGV[9])
+    redis.call('pexpire', KEYS[1], ARGV[10])
+    redis.call('set', KEYS[3], 2, 'px', ARGV[4])
+    return 2
 end
 -- Publish before deleting: a user whose ACL lacks the channel stops the
 -- script here with nothing changed. Subscribers get the message only after

@@ -3,7 +3,42 @@
 -- unsettled keys start at KEYS[5]; a full release wakes one queued process
 -- when the hash says some are queued, else it publishes '0' on the lock's
 -- channel (one waiter per process wakes).
+-- A full release may hand the lock to a waiting thread of the releasing
+-- client instead (engine/grants.rs), given:
+-- ARGV[8] the waiter's owner field   ARGV[9] its generation (request id)
+-- ARGV[10] its lease in ms           ARGV[11] this process's wake-up channel
+-- and, as the last key, the waiter's cancel marker.
 local FIRST_UNSETTLED = 5
+local LAST_UNSETTLED = #KEYS
+if ARGV[8] then
+    LAST_UNSETTLED = #KEYS - 1
+end
+
+-- Whether the lock may go straight to the waiter named in ARGV[8]: it has
+-- not given up (its cancel marker is absent), holds nothing of it, and no
+-- other process is queued for the lock (`queued`: the hash's mark; a
+-- queued process is woken instead, as always).
+local function grant_allowed(queued)
+    if not ARGV[8] then
+        return false
+    end
+    if redis.call('exists', KEYS[#KEYS]) == 1 or redis.call('hexists', KEYS[1], ARGV[8]) == 1 then
+        return false
+    end
+    if queued then
+        -- Entries that ran out count too (a release that wakes a queued
+        -- process pops them).
+        local n = redis.pcall('zcard', KEYS[4])
+        if type(n) ~= 'number' then
+            return false
+        end
+        if n > 0 and type(redis.pcall('zscore', KEYS[4], ARGV[11])) == 'string' then
+            n = n - 1
+        end
+        return n == 0
+    end
+    return true
+end
 local function wake_waiters(queued)
     if queued then
         wake_queued(KEYS[4], KEYS[2], ARGV[6])

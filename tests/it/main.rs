@@ -26,6 +26,7 @@ mod faults_restart;
 mod faults_stall;
 mod faults_waiting;
 mod fenced;
+mod grant;
 mod handoff;
 mod inspect;
 mod latch;

@@ -1,0 +1,248 @@
+//! Hand-off inside one client: a reentrant lock's waiter that sleeps for a
+//! wake-up parks an [`Offer`] (an acquisition prepared in its name: owner
+//! field, generation, cancel marker, lease); a thread of the same client
+//! that fully releases the lock claims the longest-parked offer and sends a
+//! release that hands the lock to it (release.lua), so that the waiter
+//! holds the lock when it wakes, with no round trip of its own.
+//!
+//! Giving up and being granted are decided under the offer's lock: a
+//! waiter that stops waiting withdraws its offer; if a releaser claimed it
+//! first, the waiter takes that release's outcome (one round trip, within
+//! the response timeout): granted, it holds the lock; unknown (the reply
+//! was lost), it undoes the grant as a lost acquisition (its cancel marker
+//! makes a late copy of the release grant nothing, and its next operation
+//! on the lock sets the marker first). Redis grants only while the
+//! waiter's cancel marker is absent, its field is not in the hash, and no
+//! other process is queued for the lock.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::engine::unsettled::{Lost, Unsettled};
+use crate::net::pubsub::Poker;
+use crate::scripts::{Kind, LockRef};
+
+/// The parked offers of one client, per lock name, longest-parked first.
+#[derive(Default)]
+pub(crate) struct Grants {
+    parked: Mutex<HashMap<Box<str>, VecDeque<Arc<Offer>>>>,
+    /// How many offers `parked` lists: a release finds none without the
+    /// lock.
+    count: AtomicUsize,
+}
+
+/// An acquisition prepared in a waiting thread's name, which a releasing
+/// thread of the same client may carry out with its release.
+pub(crate) struct Offer {
+    pub(crate) name: String,
+    pub(crate) channel: String,
+    /// The waiter's owner field.
+    pub(crate) field: String,
+    /// The acquisition's cancel marker ([`crate::scripts::acquire_cancel_name`]).
+    pub(crate) marker: String,
+    /// The acquisition's id: the generation it writes.
+    pub(crate) n: u64,
+    /// The lease it sets.
+    pub(crate) lease_ms: u64,
+    /// This process's wake-up channel for the lock (its queue entry).
+    pub(crate) wake: String,
+    state: Mutex<State>,
+    decided: Condvar,
+    poker: Poker,
+}
+
+enum State {
+    /// The waiter sleeps, and may be granted.
+    Parked,
+    /// A releaser claimed it and sent its release.
+    Claimed,
+    /// The release's answer, for the waiter to take.
+    Decided(Outcome),
+    /// The waiter took it back (or the outcome).
+    Withdrawn,
+}
+
+/// What a claimed offer's release did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// The lock is the waiter's, leased from `sent` (when the release was
+    /// sent) on.
+    Granted { sent: Instant },
+    /// Not granted (the release did not take place or found someone else
+    /// queued): the waiter tries again at once.
+    Declined,
+    /// The release's reply was lost: it may have granted the lock, or may
+    /// still, until the waiter's cancel marker is set.
+    Unknown { sent: Instant },
+}
+
+impl Offer {
+    /// An offer of the acquisition described, waking its waiter through
+    /// `poker` once decided.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        name: &str,
+        channel: &str,
+        field: String,
+        marker: String,
+        n: u64,
+        lease_ms: u64,
+        wake: String,
+        poker: Poker,
+    ) -> Offer {
+        Offer {
+            name: name.to_owned(),
+            channel: channel.to_owned(),
+            field,
+            marker,
+            n,
+            lease_ms,
+            wake,
+            state: Mutex::new(State::Parked),
+            decided: Condvar::new(),
+            poker,
+        }
+    }
+
+    /// The acquisition it describes, as a lost one to undo in the
+    /// background (from the waiter's thread: its next operations on the
+    /// lock mark it done first).
+    pub(crate) fn lost(&self, sent: Instant) -> Unsettled {
+        let lock = LockRef {
+            name: &self.name,
+            channel: &self.channel,
+            field: &self.field,
+            kind: Kind::Plain,
+        };
+        Unsettled::new(
+            lock,
+            self.marker.clone(),
+            Lost::Acquire {
+                held: 0,
+                lease_ms: 0,
+            },
+            None,
+            sent,
+        )
+    }
+}
+
+impl Grants {
+    /// Parks `offer` behind the others of its lock.
+    pub(crate) fn park(&self, offer: &Arc<Offer>) {
+        let mut parked = self.parked.lock();
+        parked
+            .entry(offer.name.as_str().into())
+            .or_default()
+            .push_back(Arc::clone(offer));
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The longest-parked offer for lock `name`, claimed: it is the
+    /// caller's to decide ([`Claim::decide`], or dropped: unknown).
+    pub(crate) fn claim(&self, name: &str) -> Option<Claim> {
+        if self.count.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let mut parked = self.parked.lock();
+        let queue = parked.get_mut(name)?;
+        let mut claimed = None;
+        while let Some(offer) = queue.pop_front() {
+            self.count.fetch_sub(1, Ordering::Relaxed);
+            let mut state = offer.state.lock();
+            if matches!(*state, State::Parked) {
+                *state = State::Claimed;
+                drop(state);
+                claimed = Some(Claim {
+                    offer,
+                    decided: false,
+                });
+                break;
+            }
+        }
+        if queue.is_empty() {
+            parked.remove(name);
+        }
+        claimed
+    }
+
+    /// Takes `offer` back: `None` if it was still parked (nobody will
+    /// grant it now), else the outcome of the release that claimed it,
+    /// waited for if that release is still under way.
+    pub(crate) fn withdraw(&self, offer: &Arc<Offer>) -> Option<Outcome> {
+        let outcome = {
+            let mut state = offer.state.lock();
+            loop {
+                match std::mem::replace(&mut *state, State::Withdrawn) {
+                    State::Parked | State::Withdrawn => break None,
+                    State::Decided(o) => break Some(o),
+                    State::Claimed => {
+                        *state = State::Claimed;
+                        offer.decided.wait(&mut state);
+                    }
+                }
+            }
+        };
+        if outcome.is_none() {
+            let mut parked = self.parked.lock();
+            if let Some(queue) = parked.get_mut(offer.name.as_str()) {
+                let before = queue.len();
+                queue.retain(|o| !Arc::ptr_eq(o, offer));
+                self.count
+                    .fetch_sub(before - queue.len(), Ordering::Relaxed);
+                if queue.is_empty() {
+                    parked.remove(offer.name.as_str());
+                }
+            }
+        }
+        outcome
+    }
+}
+
+/// A claimed offer, until its release's outcome is known; dropped
+/// undecided, it tells the waiter "unknown" (the waiter undoes what may
+/// have been granted).
+pub(crate) struct Claim {
+    offer: Arc<Offer>,
+    decided: bool,
+}
+
+impl Claim {
+    pub(crate) fn offer(&self) -> &Offer {
+        &self.offer
+    }
+
+    /// Tells the waiter what the release did, and wakes it.
+    pub(crate) fn decide(mut self, outcome: Outcome) {
+        self.decided = true;
+        tell(&self.offer, outcome);
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if !self.decided {
+            tell(
+                &self.offer,
+                Outcome::Unknown {
+                    sent: Instant::now(),
+                },
+            );
+        }
+    }
+}
+
+/// Decides `offer` and wakes its waiter: poked before the outcome can be
+/// seen, so that a waiter that takes the outcome (and clears the poke)
+/// is not woken again by it later.
+fn tell(offer: &Offer, outcome: Outcome) {
+    let mut state = offer.state.lock();
+    *state = State::Decided(outcome);
+    offer.poker.poke();
+    drop(state);
+    offer.decided.notify_all();
+}

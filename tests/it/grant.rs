@@ -1,0 +1,239 @@
+//! Hand-off inside one client: a release by one thread hands the lock
+//! straight to a thread of the same client that sleeps waiting for it (the
+//! grant travels with the release, and the waiter holds the lock when it
+//! wakes, with no round trip of its own). A waiter whose deadline passes
+//! while the release that chose it is under way takes that release's
+//! outcome; a grant whose reply is lost is taken or undone, never left
+//! held in the name of a waiter that was told it failed.
+//!
+//! Each test makes sure the waiter sleeps before the release: Redis ran its
+//! queued try (MONITOR), and then its thread waits on a futex.
+
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redlease::Client;
+
+use crate::faults_common::{is_acquire_of, warm_subscriber, Monitor};
+use crate::support::{wait_until, Fault, Proxy, RedisServer};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn client(url: &str, response_timeout: Duration) -> Client {
+    Client::builder(url)
+        .watchdog_timeout(Duration::from_secs(30))
+        .response_timeout(response_timeout)
+        .build()
+        .expect("client connects to the test server")
+}
+
+/// What a waiter thread reports: whether it got the lock (and its hold
+/// count, from its own guard), and how long its call took.
+struct Report {
+    got: Option<u32>,
+    took: Duration,
+}
+
+/// Starts a thread of `c` that waits for `name` (`wait`: `None` for
+/// `lock()`), reports, then holds what it got until told (or 30 s).
+/// Returns its OS thread id, the report channel and the "let go" sender.
+fn spawn_waiter(
+    c: &Client,
+    name: &'static str,
+    wait: Option<Duration>,
+) -> (String, mpsc::Receiver<Report>, mpsc::Sender<()>) {
+    let lock = c.lock(name);
+    let (tid_tx, tid_rx) = mpsc::channel();
+    let (tx, rx) = mpsc::channel();
+    let (go, go_rx) = mpsc::channel::<()>();
+    thread::spawn(move || {
+        let tid = std::fs::read_link("/proc/thread-self")
+            .map(|p| {
+                p.to_string_lossy()
+                    .rsplit('/')
+                    .next()
+                    .unwrap_or("")
+                    .to_owned()
+            })
+            .unwrap_or_default();
+        let _ = tid_tx.send(tid);
+        let started = Instant::now();
+        let got = match wait {
+            None => lock.lock().map(Some),
+            Some(w) => lock.try_lock_for(w),
+        };
+        let took = started.elapsed();
+        let got = got.expect("the waiter's call succeeds");
+        let _ = tx.send(Report {
+            got: got.as_ref().map(|g| g.hold_count()),
+            took,
+        });
+        if got.is_some() {
+            let _ = go_rx.recv_timeout(Duration::from_secs(30));
+        }
+        drop(got);
+    });
+    let tid = tid_rx.recv_timeout(WAIT).expect("the waiter thread starts");
+    (tid, rx, go)
+}
+
+/// Waits until Redis ran the waiter's second (queued) try, then until its
+/// thread sleeps on a futex (the wake-up it waits for).
+fn wait_asleep(monitor: &mut Monitor, name: &str, tid: &str) {
+    monitor.wait_for("the waiter's two tries", |l| is_acquire_of(l, name), 2);
+    let path = format!("/proc/self/task/{tid}/syscall");
+    wait_until("the waiter thread to sleep on a futex", WAIT, || {
+        std::fs::read_to_string(&path).is_ok_and(|s| s.starts_with("202 "))
+    });
+}
+
+#[test]
+fn a_release_hands_the_lock_to_a_sleeping_thread_of_the_same_client() {
+    let srv = RedisServer::start();
+    let c = client(&srv.url(), Duration::from_secs(2));
+    let name = "grant:same-client";
+    // Its subscriber's first connection wakes every waiter once: before.
+    warm_subscriber(&client(&srv.url(), Duration::from_secs(2)), &c);
+    let held = c
+        .lock(name)
+        .lock()
+        .expect("the first thread takes the lock");
+    let mut monitor = Monitor::start(&srv);
+    let (tid, rx, go) = spawn_waiter(&c, name, None);
+    wait_asleep(&mut monitor, name, &tid);
+    monitor.lines_until_echo(&srv, "before-release");
+    held.unlock().expect("release");
+    let report = rx.recv_timeout(WAIT).expect("the waiter returns");
+    assert_eq!(report.got, Some(1), "the waiter holds the lock once");
+    let after = monitor.lines_until_echo(&srv, "after-grant");
+    let tries: Vec<_> = after.iter().filter(|l| is_acquire_of(l, name)).collect();
+    assert!(
+        tries.is_empty(),
+        "the waiter held the lock without a try of its own after the release: {tries:?}"
+    );
+    assert!(
+        !after.iter().any(|l| l.contains("lua] \"publish\"")),
+        "a release that hands the lock over wakes nobody: {after:?}"
+    );
+    assert_eq!(srv.cmd(&["EXISTS", name]), "1", "held by the waiter");
+    go.send(()).expect("let go");
+    wait_until("the waiter's release", WAIT, || {
+        srv.cmd(&["EXISTS", name]) == "0"
+    });
+}
+
+#[test]
+fn a_waiter_whose_deadline_passes_during_its_grant_takes_the_outcome() {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let c = client(&proxy.url(), Duration::from_secs(3));
+    let name = "grant:deadline";
+    // Its subscriber's first connection wakes every waiter once: before.
+    warm_subscriber(&client(&srv.url(), Duration::from_secs(2)), &c);
+    let held = c
+        .lock(name)
+        .lock()
+        .expect("the first thread takes the lock");
+    let mut monitor = Monitor::start(&srv);
+    let (tid, rx, go) = spawn_waiter(&c, name, Some(Duration::from_millis(1500)));
+    wait_asleep(&mut monitor, name, &tid);
+    // The release (and only it) reaches Redis after the waiter's deadline,
+    // within the response timeout.
+    proxy.add_rule(
+        b"redisson_unlock_latch:",
+        Fault::DelayRequest(Duration::from_millis(2500)),
+        1,
+    );
+    held.unlock().expect("the release is answered, late");
+    let report = rx.recv_timeout(WAIT).expect("the waiter returns");
+    assert_eq!(
+        report.got,
+        Some(1),
+        "the release chose the waiter before its deadline and handed it the lock"
+    );
+    assert!(
+        report.took < Duration::from_secs(3) + Duration::from_millis(1500),
+        "the waiter returned within the release's response timeout: {:?}",
+        report.took
+    );
+    go.send(()).expect("let go");
+    wait_until("the waiter's release", WAIT, || {
+        srv.cmd(&["EXISTS", name]) == "0"
+    });
+}
+
+#[test]
+fn a_grant_whose_reply_is_lost_is_taken_by_the_waiter_and_never_stranded() {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let c = client(&proxy.url(), Duration::from_millis(500));
+    let name = "grant:lost-reply";
+    // Its subscriber's first connection wakes every waiter once: before.
+    warm_subscriber(&client(&srv.url(), Duration::from_secs(2)), &c);
+    let held = c
+        .lock(name)
+        .lock()
+        .expect("the first thread takes the lock");
+    let mut monitor = Monitor::start(&srv);
+    let (tid, rx, go) = spawn_waiter(&c, name, None);
+    wait_asleep(&mut monitor, name, &tid);
+    // The release runs (and hands the lock over), its reply is lost.
+    proxy.add_rule(b"redisson_unlock_latch:", Fault::DropReply, 1);
+    let released = held.unlock();
+    assert!(
+        released.is_err(),
+        "a release without a reply is not reported done"
+    );
+    let report = rx.recv_timeout(WAIT).expect("the waiter returns");
+    assert_eq!(report.got, Some(1), "the waiter holds the lock once");
+    // Whatever the background undo of the grant did, the waiter's hold is
+    // the one in Redis, and it stays.
+    thread::sleep(Duration::from_millis(1500));
+    assert_eq!(srv.cmd(&["EXISTS", name]), "1", "still held by the waiter");
+    go.send(()).expect("let go");
+    wait_until("the waiter's release", WAIT, || {
+        srv.cmd(&["EXISTS", name]) == "0"
+    });
+}
+
+#[test]
+fn a_late_copy_of_a_release_never_grants_a_waiter_that_gave_up() {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let c = client(&proxy.url(), Duration::from_millis(500));
+    let name = "grant:late-copy";
+    // The scripts loaded (so that a late copy runs as sent, EVALSHA).
+    c.lock("grant:warm-up")
+        .lock()
+        .expect("warm-up")
+        .unlock()
+        .expect("warm-up release");
+    // Its subscriber's first connection wakes every waiter once: before.
+    warm_subscriber(&client(&srv.url(), Duration::from_secs(2)), &c);
+    let held = c
+        .lock(name)
+        .lock()
+        .expect("the first thread takes the lock");
+    let mut monitor = Monitor::start(&srv);
+    let (tid, rx, _go) = spawn_waiter(&c, name, Some(Duration::from_millis(200)));
+    wait_asleep(&mut monitor, name, &tid);
+    // The release, and every background retry of it, reaches Redis 1.5 s
+    // late: after its caller timed out and the waiter gave up.
+    proxy.add_rule(
+        b"redisson_unlock_latch:",
+        Fault::LateCopy(Duration::from_millis(1500)),
+        usize::MAX,
+    );
+    assert!(held.unlock().is_err(), "the release timed out");
+    let report = rx.recv_timeout(WAIT).expect("the waiter returns");
+    assert_eq!(
+        report.got, None,
+        "the lock was still held when the waiter gave up"
+    );
+    // The late release frees the lock; granted to the waiter, it would
+    // stay held in its name for its 30 s lease.
+    wait_until("the late release to free the lock", WAIT, || {
+        srv.cmd(&["EXISTS", name]) == "0"
+    });
+}
