@@ -743,7 +743,7 @@ impl Subscription {
         let me = &self.sleeper;
         loop {
             if me.poked.swap(false, Ordering::Relaxed) {
-                return Ok(Wake::Poked);
+                return Ok(self.poked(&mut state));
             }
             if let Some(wake) = self.take(&mut state)? {
                 return Ok(wake);
@@ -754,7 +754,7 @@ impl Subscription {
             state.sleeping.retain(|s| !Arc::ptr_eq(s, me));
             if timed_out {
                 if me.poked.swap(false, Ordering::Relaxed) {
-                    return Ok(Wake::Poked);
+                    return Ok(self.poked(&mut state));
                 }
                 return Ok(self.take(&mut state)?.unwrap_or(Wake::TimedOut));
             }
@@ -762,6 +762,15 @@ impl Subscription {
                 at = self.bound(until);
             }
         }
+    }
+
+    /// A poke ends this wait: a wake-up for one waiter that may have
+    /// picked this one goes to another.
+    fn poked(&self, state: &mut LatchState) -> Wake {
+        if state.permits > 0 {
+            state.wake_one();
+        }
+        Wake::Poked
     }
 
     /// Forgets a poke not waited for yet (its cause was taken otherwise).
