@@ -436,8 +436,6 @@ pub(crate) struct Grant<'a> {
     pub(crate) marker: &'a str,
     pub(crate) gen: u64,
     pub(crate) lease_ms: u64,
-    /// This process's wake-up channel for the lock.
-    pub(crate) wake: &'a str,
 }
 
 impl Release<'_> {
@@ -475,7 +473,7 @@ impl Release<'_> {
             cmd.arg(LATE_REQUEST_WINDOW_MS);
         }
         if let Some(g) = &self.grant {
-            cmd.arg(g.field).arg(g.gen).arg(g.lease_ms).arg(g.wake);
+            cmd.arg(g.field).arg(g.gen).arg(g.lease_ms);
         }
     }
 

@@ -11,9 +11,13 @@
 //! the response timeout): granted, it holds the lock; unknown (the reply
 //! was lost), it undoes the grant as a lost acquisition (its cancel marker
 //! makes a late copy of the release grant nothing, and its next operation
-//! on the lock sets the marker first). Redis grants only while the
+//! on the lock sets the marker first). A release claims an offer only
+//! while every waiter of the lock in this client sleeps with one parked
+//! (an owned guard's or a MultiLock's waiter, which cannot take a hand-off,
+//! gets the release's wake-up as before); Redis grants only while the
 //! waiter's cancel marker is absent, its field is not in the hash, and no
-//! other process is queued for the lock.
+//! other subscriber than this client's listens on the lock's channel (a
+//! waiter of another process, Redisson's included, is woken as before).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -48,8 +52,6 @@ pub(crate) struct Offer {
     pub(crate) n: u64,
     /// The lease it sets.
     pub(crate) lease_ms: u64,
-    /// This process's wake-up channel for the lock (its queue entry).
-    pub(crate) wake: String,
     state: Mutex<State>,
     decided: Condvar,
     poker: Poker,
@@ -83,7 +85,6 @@ pub(crate) enum Outcome {
 impl Offer {
     /// An offer of the acquisition described, waking its waiter through
     /// `poker` once decided.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         name: &str,
         channel: &str,
@@ -91,7 +92,6 @@ impl Offer {
         marker: String,
         n: u64,
         lease_ms: u64,
-        wake: String,
         poker: Poker,
     ) -> Offer {
         Offer {
@@ -101,7 +101,6 @@ impl Offer {
             marker,
             n,
             lease_ms,
-            wake,
             state: Mutex::new(State::Parked),
             decided: Condvar::new(),
             poker,
@@ -143,27 +142,55 @@ impl Grants {
     }
 
     /// The longest-parked offer for lock `name`, claimed: it is the
-    /// caller's to decide ([`Claim::decide`], or dropped: unknown).
+    /// caller's to decide ([`Claim::decide`], or dropped: unknown). None
+    /// unless every waiter of the lock in this client sleeps with an offer
+    /// parked: a waiter that cannot take a hand-off (an owned guard's, a
+    /// MultiLock's, one with a request unsettled) or is trying just now
+    /// gets the release's wake-up as before, and is never passed over.
     pub(crate) fn claim(&self, name: &str) -> Option<Claim> {
         if self.count.load(Ordering::Relaxed) == 0 {
             return None;
         }
         let mut parked = self.parked.lock();
         let queue = parked.get_mut(name)?;
-        let mut claimed = None;
-        while let Some(offer) = queue.pop_front() {
-            self.count.fetch_sub(1, Ordering::Relaxed);
-            let mut state = offer.state.lock();
-            if matches!(*state, State::Parked) {
-                *state = State::Claimed;
-                drop(state);
-                claimed = Some(Claim {
-                    offer,
-                    decided: false,
-                });
-                break;
+        // Offers taken back (or claimed) go; the first parked one is the
+        // candidate.
+        let mut withdrawn = 0;
+        queue.retain(|o| {
+            let keep = matches!(*o.state.lock(), State::Parked);
+            withdrawn += usize::from(!keep);
+            keep
+        });
+        self.count.fetch_sub(withdrawn, Ordering::Relaxed);
+        let everyone = queue.front().is_some_and(|first| {
+            let on_its_latch = queue
+                .iter()
+                .filter(|o| o.poker.same_latch(&first.poker))
+                .count();
+            first.poker.waiters() == on_its_latch
+        });
+        let claimed = match queue.pop_front() {
+            Some(offer) if everyone => {
+                self.count.fetch_sub(1, Ordering::Relaxed);
+                let mut state = offer.state.lock();
+                // Taken back since it was looked at: no hand-off.
+                if matches!(*state, State::Parked) {
+                    *state = State::Claimed;
+                    drop(state);
+                    Some(Claim {
+                        offer,
+                        decided: false,
+                    })
+                } else {
+                    None
+                }
             }
-        }
+            Some(offer) => {
+                queue.push_front(offer);
+                None
+            }
+            None => None,
+        };
         if queue.is_empty() {
             parked.remove(name);
         }

@@ -105,9 +105,8 @@ pub(crate) struct Waiters<'a> {
 /// lock to (engine/grants.rs).
 pub(crate) trait Grantee<T> {
     /// The acquisition to offer while the waiter sleeps (woken through
-    /// `poker`; `wake`: its process's wake-up channel), if it may take one
-    /// now.
-    fn offer(&mut self, poker: Poker, wake: &str) -> Option<Offer>;
+    /// `poker`), if it may take one now.
+    fn offer(&mut self, poker: Poker) -> Option<Offer>;
 
     /// The offer was granted, leased from `sent`: the waiter's hold.
     fn granted(&mut self, offer: &Offer, sent: Instant) -> Result<T>;
@@ -287,25 +286,25 @@ impl Waiters<'_> {
                 outage.calm();
                 // While it sleeps, a release by another thread of this
                 // client may hand it the lock.
-                let offer = match (grantee.as_deref_mut(), self.client, &queue) {
-                    (Some(g), Some(client), Some(q)) => g.offer(sub.poker(), &q.channel).map(|o| {
-                        let o = Arc::new(o);
-                        client.grants.park(&o);
-                        o
-                    }),
-                    _ => None,
-                };
-                let woke = sub.wait_until(until);
-                if let (Some(o), Some(client)) = (offer, self.client) {
+                let woke = loop {
+                    let offer = match (grantee.as_deref_mut(), self.client) {
+                        (Some(g), Some(client)) => g.offer(sub.poker()).map(|o| {
+                            let o = Arc::new(o);
+                            client.grants.park(&o);
+                            o
+                        }),
+                        _ => None,
+                    };
+                    let woke = sub.wait_until(until);
+                    let (Some(o), Some(client)) = (offer, self.client) else {
+                        break woke;
+                    };
                     let outcome = client.grants.withdraw(&o);
                     if outcome.is_some() {
                         // The release's poke, if not waited for yet.
                         sub.unpoke();
                     }
                     match outcome {
-                        // Nobody took it; or the release ran without a
-                        // hand-off, and a try follows at once.
-                        None | Some(Outcome::Declined) => {}
                         Some(Outcome::Granted { sent }) => {
                             if let Some(g) = grantee.as_deref_mut() {
                                 let got = g.granted(&o, sent)?;
@@ -317,8 +316,22 @@ impl Waiters<'_> {
                         // granted is undone (and this thread's next try
                         // sets the cancel marker first).
                         Some(Outcome::Unknown { sent }) => client.settle_later(o.lost(sent)),
+                        Some(Outcome::Declined) | None => {}
                     }
-                }
+                    if outcome.is_some() && deadline.is_some_and(|d| Instant::now() >= d) {
+                        // Past the deadline while the release that chose
+                        // it ran: its round trip was this wait's last.
+                        return Ok(None);
+                    }
+                    if outcome == Some(Outcome::Declined) && matches!(woke, Ok(Wake::Poked)) {
+                        // The release ran without a hand-off (it woke a
+                        // queued process, this one's if first in line):
+                        // woken by nothing else, this waiter sleeps on
+                        // rather than race the one woken.
+                        continue;
+                    }
+                    break woke;
+                };
                 match woke? {
                     Wake::Woken | Wake::TimedOut | Wake::Poked => {}
                     Wake::Moved(to) => {

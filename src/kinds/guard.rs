@@ -261,10 +261,15 @@ impl Held {
                     step.request.grant = self.shared.grants.claim(self.hold.name());
                 }
                 let reply = self.send_release(&step.request);
-                if let Some(claim) = step.request.grant.take() {
-                    claim.decide(grant_outcome(&reply, step.request.sent));
+                let grant = step.request.grant.take();
+                let outcome = grant_outcome(&reply, step.request.sent);
+                let released = self.end_release(step, reply);
+                // After this release's event: an event handler never sees
+                // the waiter hold the lock before the releaser let it go.
+                if let Some(claim) = grant {
+                    claim.decide(outcome);
                 }
-                self.end_release(step, reply)
+                released
             }
         }
     }
@@ -423,7 +428,6 @@ impl Held {
                     marker: &o.marker,
                     gen: o.n,
                     lease_ms: o.lease_ms,
-                    wake: &o.wake,
                 }
             }),
         }

@@ -688,6 +688,17 @@ pub(crate) struct Poker {
 }
 
 impl Poker {
+    /// How many waiters of its lock this process has (subscriptions, of
+    /// any kind: a MultiLock's member too).
+    pub(crate) fn waiters(&self) -> usize {
+        self.latch.state.lock().waiters
+    }
+
+    /// Whether `other` wakes a waiter of the same lock's latch.
+    pub(crate) fn same_latch(&self, other: &Poker) -> bool {
+        Arc::ptr_eq(&self.latch, &other.latch)
+    }
+
     /// Wakes the waiter, now if it sleeps, else at its next wait.
     pub(crate) fn poke(&self) {
         let mut state = self.latch.state.lock();

@@ -12,7 +12,7 @@
 -- ARGV[6] the publish command: 'publish', or 'spublish' (sharded pub/sub on
 --         a cluster, as Redisson's getPublishCommand)
 -- ARGV[7] TTL in ms of the unsettled keys (given with them, and with ARGV[8..])
--- ARGV[8..11], with the waiter's cancel marker as the last key: a waiting
+-- ARGV[8..10], with the waiter's cancel marker as the last key: a waiting
 --         thread of this client that a full release may hand the lock to
 --         (see release_plain.lua)
 -- Returns nil when the field is gone (not held: expired or deleted), 0 when
@@ -50,7 +50,7 @@ if not state[1] then
     redis.call('set', KEYS[3], 'n', 'px', ARGV[4])
     return nil
 end
-if grant_allowed(state[2]) then
+if grant_allowed() then
     -- The releasing owner's fields go; the waiter's come, with its lease
     -- (the queue's mark stays: queued processes still wait).
     redis.call('hdel', KEYS[1], ARGV[1], ARGV[1] .. ':gen')

@@ -6,7 +6,7 @@
 -- A full release may hand the lock to a waiting thread of the releasing
 -- client instead (engine/grants.rs), given:
 -- ARGV[8] the waiter's owner field   ARGV[9] its generation (request id)
--- ARGV[10] its lease in ms           ARGV[11] this process's wake-up channel
+-- ARGV[10] its lease in ms
 -- and, as the last key, the waiter's cancel marker.
 local FIRST_UNSETTLED = 5
 local LAST_UNSETTLED = #KEYS
@@ -15,29 +15,27 @@ if ARGV[8] then
 end
 
 -- Whether the lock may go straight to the waiter named in ARGV[8]: it has
--- not given up (its cancel marker is absent), holds nothing of it, and no
--- other process is queued for the lock (`queued`: the hash's mark; a
--- queued process is woken instead, as always).
-local function grant_allowed(queued)
+-- not given up (its cancel marker is absent), holds nothing of it, and
+-- nobody else listens for the lock's release (one subscriber: this
+-- client's): a waiter of another process, queued or not, Redisson's too,
+-- is woken as always. Where the ACL forbids counting, no hand-off.
+local function grant_allowed()
     if not ARGV[8] then
         return false
     end
     if redis.call('exists', KEYS[#KEYS]) == 1 or redis.call('hexists', KEYS[1], ARGV[8]) == 1 then
         return false
     end
-    if queued then
-        -- Entries that ran out count too (a release that wakes a queued
-        -- process pops them).
-        local n = redis.pcall('zcard', KEYS[4])
-        if type(n) ~= 'number' then
-            return false
-        end
-        if n > 0 and type(redis.pcall('zscore', KEYS[4], ARGV[11])) == 'string' then
-            n = n - 1
-        end
-        return n == 0
+    local counted
+    if ARGV[6] == 'publish' then
+        counted = redis.pcall('pubsub', 'numsub', KEYS[2])
+    else
+        counted = redis.pcall('pubsub', 'shardnumsub', KEYS[2])
     end
-    return true
+    if type(counted) ~= 'table' or counted.err then
+        return false
+    end
+    return tonumber(counted[2]) <= 1
 end
 local function wake_waiters(queued)
     if queued then

@@ -64,7 +64,8 @@ fn spawn_waiter(
             Some(w) => lock.try_lock_for(w),
         };
         let took = started.elapsed();
-        let got = got.expect("the waiter's call succeeds");
+        // An error counts as not acquired.
+        let got = got.unwrap_or(None);
         let _ = tx.send(Report {
             got: got.as_ref().map(|g| g.hold_count()),
             took,
@@ -236,4 +237,201 @@ fn a_late_copy_of_a_release_never_grants_a_waiter_that_gave_up() {
     wait_until("the late release to free the lock", WAIT, || {
         srv.cmd(&["EXISTS", name]) == "0"
     });
+}
+
+/// Two threads of `c` that take turns on `name` until stopped (hold 40 ms,
+/// rest 10 ms): at each release the other one sleeps waiting for it.
+struct TakingTurns {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<thread::JoinHandle<usize>>,
+}
+
+impl TakingTurns {
+    fn start(c: &Client, name: &'static str) -> TakingTurns {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let threads = (0..2)
+            .map(|_| {
+                let (lock, stop) = (c.lock(name), stop.clone());
+                thread::spawn(move || {
+                    let mut turns = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        if let Ok(Some(g)) = lock.try_lock_for(Duration::from_secs(20)) {
+                            turns += 1;
+                            thread::sleep(Duration::from_millis(40));
+                            drop(g);
+                        }
+                        thread::sleep(Duration::from_millis(10));
+                    }
+                    turns
+                })
+            })
+            .collect();
+        // Both have taken the lock at least once.
+        thread::sleep(Duration::from_millis(300));
+        TakingTurns { stop, threads }
+    }
+
+    /// Stops them; how many turns they took.
+    fn stop(self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.threads
+            .into_iter()
+            .map(|t| t.join().expect("a turn-taking thread"))
+            .sum()
+    }
+}
+
+/// Waiters that cannot take a hand-off (an owned guard's, a MultiLock's)
+/// keep releases waking them: threads of their client that hand the lock
+/// to each other never pass them over.
+#[test]
+fn a_waiter_that_cannot_take_a_hand_off_is_not_passed_over() {
+    let srv = RedisServer::start();
+    let c = client(&srv.url(), Duration::from_secs(2));
+    let name = "grant:not-passed-over";
+    let turns = TakingTurns::start(&c, name);
+    let owned = c
+        .lock(name)
+        .owned()
+        .try_lock_for(WAIT)
+        .expect("the owned waiter's call");
+    assert!(owned.is_some(), "the owned waiter got the lock within 10 s");
+    drop(owned);
+    let multi = redlease::MultiLock::new(vec![c.lock(name)])
+        .expect("a MultiLock of one")
+        .try_lock_for(WAIT)
+        .expect("the MultiLock waiter's call");
+    assert!(
+        multi.is_some(),
+        "the MultiLock waiter got the lock within 10 s"
+    );
+    drop(multi);
+    assert!(turns.stop() > 2, "the two threads took turns meanwhile");
+}
+
+/// A waiter of another client (another process, or Redisson's) keeps
+/// releases waking it, even where it cannot queue (an ACL rule without the
+/// queue's commands): it listens on the lock's channel.
+#[test]
+fn a_waiter_of_another_client_is_not_passed_over_even_unqueued() {
+    use crate::acl::{acl, LOCKER_RULE};
+    let srv = RedisServer::start();
+    let rule = LOCKER_RULE
+        .split_whitespace()
+        .filter(|t| !matches!(*t, "+time" | "+zadd" | "+zrem" | "+zcard" | "+zpopmin"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    acl(&srv, "locker", &rule);
+    let url = format!("redis://locker:lockpw@127.0.0.1:{}/", srv.port());
+    let (a, b) = (
+        client(&url, Duration::from_secs(2)),
+        client(&url, Duration::from_secs(2)),
+    );
+    let name = "orders:grant";
+    let turns = TakingTurns::start(&a, name);
+    for i in 0..5 {
+        let got = b
+            .lock(name)
+            .try_lock_for(WAIT)
+            .expect("the other client's call");
+        assert!(
+            got.is_some(),
+            "the other client's wait {i} got the lock within 10 s"
+        );
+        drop(got);
+        thread::sleep(Duration::from_millis(50));
+    }
+    assert!(turns.stop() > 2, "the two threads took turns meanwhile");
+}
+
+/// A release that finds another process queued wakes that one; the
+/// releasing client's sleeping thread, told "no hand-off", sleeps on
+/// rather than race it (the queued one is farther away: 20 ms each way).
+#[test]
+fn a_release_that_wakes_a_queued_process_leaves_its_own_waiter_asleep() {
+    use crate::handoff::queue;
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let a = client(&srv.url(), Duration::from_secs(2));
+    let b = client(&proxy.url(), Duration::from_secs(2));
+    warm_subscriber(&client(&srv.url(), Duration::from_secs(2)), &a);
+    warm_subscriber(&client(&srv.url(), Duration::from_secs(2)), &b);
+    let name = "grant:queued-first";
+    let held = a.lock(name).lock().expect("the holder takes the lock");
+    proxy.set_delay(Duration::from_millis(20));
+    let (tx, rx) = mpsc::channel();
+    let spawn = |c: &Client, who: &'static str| {
+        let (lock, tx) = (c.lock(name), tx.clone());
+        let (tid_tx, tid_rx) = mpsc::channel();
+        thread::spawn(move || {
+            let tid = std::fs::read_link("/proc/thread-self")
+                .map(|p| {
+                    p.to_string_lossy()
+                        .rsplit('/')
+                        .next()
+                        .unwrap_or("")
+                        .to_owned()
+                })
+                .unwrap_or_default();
+            let _ = tid_tx.send(tid);
+            let got = lock.try_lock_for(WAIT).expect("the waiter's call");
+            let _ = tx.send((who, got.is_some()));
+            thread::sleep(Duration::from_millis(200));
+            drop(got);
+        });
+        tid_rx.recv_timeout(WAIT).expect("the waiter thread starts")
+    };
+    let mut monitor = Monitor::start(&srv);
+    spawn(&b, "the queued process");
+    wait_until("the other process to queue", WAIT, || {
+        srv.cmd(&["ZCARD", &queue(name)]) == "1"
+    });
+    monitor.lines_until_echo(&srv, "b-queued");
+    let tid = spawn(&a, "the releasing client's thread");
+    wait_asleep(&mut monitor, name, &tid);
+    held.unlock().expect("release");
+    let first = rx.recv_timeout(WAIT).expect("a waiter returns");
+    let second = rx.recv_timeout(WAIT).expect("the other waiter returns");
+    assert_eq!(
+        first,
+        ("the queued process", true),
+        "the process the release woke got the lock first (then {second:?})"
+    );
+    assert!(second.1, "the other waiter got the lock after");
+}
+
+/// A waiter chosen by a release that gets no answer returns within its
+/// deadline plus that release's round trip (one response timeout): it
+/// makes no try of its own after it.
+#[test]
+fn a_waiter_chosen_by_a_release_without_answer_returns_after_its_round_trip() {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let response = Duration::from_millis(1500);
+    let c = client(&proxy.url(), response);
+    warm_subscriber(&client(&srv.url(), response), &c);
+    let name = "grant:bounded";
+    let held = c
+        .lock(name)
+        .lock()
+        .expect("the first thread takes the lock");
+    let mut monitor = Monitor::start(&srv);
+    // The release's round trip ends past the deadline.
+    let deadline = Duration::from_millis(600);
+    let (tid, rx, _go) = spawn_waiter(&c, name, Some(deadline));
+    wait_asleep(&mut monitor, name, &tid);
+    // Redis never answers what names a cancel marker from now on: the
+    // release that carries the hand-off, and any try of the waiter's.
+    proxy.add_rule(b"redlease_acquire_cancel:", Fault::BlackHole, usize::MAX);
+    let released = held.unlock();
+    assert!(released.is_err(), "the release got no answer");
+    let report = rx.recv_timeout(WAIT).expect("the waiter returns");
+    assert_eq!(report.got, None, "the waiter did not get the lock");
+    assert!(
+        report.took < deadline + response + Duration::from_millis(500),
+        "the waiter returned {:?} after its call (deadline {deadline:?}, response timeout \
+         {response:?}): one round trip past its deadline at most",
+        report.took
+    );
 }
