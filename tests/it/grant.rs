@@ -89,121 +89,22 @@ fn wait_asleep(monitor: &mut Monitor, name: &str, tid: &str) {
     });
 }
 
-#[test]
-fn a_release_hands_the_lock_to_a_sleeping_thread_of_the_same_client() {
-    let srv = RedisServer::start();
-    let c = client(&srv.url(), Duration::from_secs(2));
-    let name = "grant:same-client";
-    // Its subscriber's first connection wakes every waiter once: before.
-    warm_subscriber(&client(&srv.url(), Duration::from_secs(2)), &c);
-    let held = c
-        .lock(name)
-        .lock()
-        .expect("the first thread takes the lock");
-    let mut monitor = Monitor::start(&srv);
-    let (tid, rx, go) = spawn_waiter(&c, name, None);
-    wait_asleep(&mut monitor, name, &tid);
-    monitor.lines_until_echo(&srv, "before-release");
-    held.unlock().expect("release");
-    let report = rx.recv_timeout(WAIT).expect("the waiter returns");
-    assert_eq!(report.got, Some(1), "the waiter holds the lock once");
-    let after = monitor.lines_until_echo(&srv, "after-grant");
-    let tries: Vec<_> = after.iter().filter(|l| is_acquire_of(l, name)).collect();
-    assert!(
-        tries.is_empty(),
-        "the waiter held the lock without a try of its own after the release: {tries:?}"
-    );
-    assert!(
-        !after.iter().any(|l| l.contains("lua] \"publish\"")),
-        "a release that hands the lock over wakes nobody: {after:?}"
-    );
-    assert_eq!(srv.cmd(&["EXISTS", name]), "1", "held by the waiter");
-    go.send(()).expect("let go");
-    wait_until("the waiter's release", WAIT, || {
-        srv.cmd(&["EXISTS", name]) == "0"
-    });
+/// A server behind a proxy; a client through it (response timeout `rt`)
+/// whose first thread holds `name`; a second thread of it asleep waiting
+/// for `name` (`wait`: see [`spawn_waiter`]).
+struct Rig {
+    srv: RedisServer,
+    proxy: Proxy,
+    held: Option<redlease::LockGuard>,
+    monitor: Monitor,
+    rx: mpsc::Receiver<Report>,
+    go: mpsc::Sender<()>,
 }
 
-#[test]
-fn a_waiter_whose_deadline_passes_during_its_grant_takes_the_outcome() {
+fn rig(name: &'static str, rt: Duration, wait: Option<Duration>) -> Rig {
     let srv = RedisServer::start();
     let proxy = Proxy::start(srv.addr());
-    let c = client(&proxy.url(), Duration::from_secs(3));
-    let name = "grant:deadline";
-    // Its subscriber's first connection wakes every waiter once: before.
-    warm_subscriber(&client(&srv.url(), Duration::from_secs(2)), &c);
-    let held = c
-        .lock(name)
-        .lock()
-        .expect("the first thread takes the lock");
-    let mut monitor = Monitor::start(&srv);
-    let (tid, rx, go) = spawn_waiter(&c, name, Some(Duration::from_millis(1500)));
-    wait_asleep(&mut monitor, name, &tid);
-    // The release (and only it) reaches Redis after the waiter's deadline,
-    // within the response timeout.
-    proxy.add_rule(
-        b"redisson_unlock_latch:",
-        Fault::DelayRequest(Duration::from_millis(2500)),
-        1,
-    );
-    held.unlock().expect("the release is answered, late");
-    let report = rx.recv_timeout(WAIT).expect("the waiter returns");
-    assert_eq!(
-        report.got,
-        Some(1),
-        "the release chose the waiter before its deadline and handed it the lock"
-    );
-    assert!(
-        report.took < Duration::from_secs(3) + Duration::from_millis(1500),
-        "the waiter returned within the release's response timeout: {:?}",
-        report.took
-    );
-    go.send(()).expect("let go");
-    wait_until("the waiter's release", WAIT, || {
-        srv.cmd(&["EXISTS", name]) == "0"
-    });
-}
-
-#[test]
-fn a_grant_whose_reply_is_lost_is_taken_by_the_waiter_and_never_stranded() {
-    let srv = RedisServer::start();
-    let proxy = Proxy::start(srv.addr());
-    let c = client(&proxy.url(), Duration::from_millis(500));
-    let name = "grant:lost-reply";
-    // Its subscriber's first connection wakes every waiter once: before.
-    warm_subscriber(&client(&srv.url(), Duration::from_secs(2)), &c);
-    let held = c
-        .lock(name)
-        .lock()
-        .expect("the first thread takes the lock");
-    let mut monitor = Monitor::start(&srv);
-    let (tid, rx, go) = spawn_waiter(&c, name, None);
-    wait_asleep(&mut monitor, name, &tid);
-    // The release runs (and hands the lock over), its reply is lost.
-    proxy.add_rule(b"redisson_unlock_latch:", Fault::DropReply, 1);
-    let released = held.unlock();
-    assert!(
-        released.is_err(),
-        "a release without a reply is not reported done"
-    );
-    let report = rx.recv_timeout(WAIT).expect("the waiter returns");
-    assert_eq!(report.got, Some(1), "the waiter holds the lock once");
-    // Whatever the background undo of the grant did, the waiter's hold is
-    // the one in Redis, and it stays.
-    thread::sleep(Duration::from_millis(1500));
-    assert_eq!(srv.cmd(&["EXISTS", name]), "1", "still held by the waiter");
-    go.send(()).expect("let go");
-    wait_until("the waiter's release", WAIT, || {
-        srv.cmd(&["EXISTS", name]) == "0"
-    });
-}
-
-#[test]
-fn a_late_copy_of_a_release_never_grants_a_waiter_that_gave_up() {
-    let srv = RedisServer::start();
-    let proxy = Proxy::start(srv.addr());
-    let c = client(&proxy.url(), Duration::from_millis(500));
-    let name = "grant:late-copy";
+    let c = client(&proxy.url(), rt);
     // The scripts loaded (so that a late copy runs as sent, EVALSHA).
     c.lock("grant:warm-up")
         .lock()
@@ -217,26 +118,138 @@ fn a_late_copy_of_a_release_never_grants_a_waiter_that_gave_up() {
         .lock()
         .expect("the first thread takes the lock");
     let mut monitor = Monitor::start(&srv);
-    let (tid, rx, _go) = spawn_waiter(&c, name, Some(Duration::from_millis(200)));
+    let (tid, rx, go) = spawn_waiter(&c, name, wait);
     wait_asleep(&mut monitor, name, &tid);
+    Rig {
+        srv,
+        proxy,
+        held: Some(held),
+        monitor,
+        rx,
+        go,
+    }
+}
+
+impl Rig {
+    /// The first thread releases the lock.
+    fn release(&mut self) -> redlease::Result<()> {
+        self.held.take().expect("held until released").unlock()
+    }
+
+    /// What the waiter reported.
+    fn report(&self) -> Report {
+        self.rx.recv_timeout(WAIT).expect("the waiter returns")
+    }
+
+    /// Lets the waiter go, and waits for its release.
+    fn let_go(&self, name: &str) {
+        let _ = self.go.send(());
+        wait_until("the lock to be free", WAIT, || {
+            self.srv.cmd(&["EXISTS", name]) == "0"
+        });
+    }
+}
+
+#[test]
+fn a_release_hands_the_lock_to_a_sleeping_thread_of_the_same_client() {
+    let name = "grant:same-client";
+    let mut r = rig(name, Duration::from_secs(2), None);
+    r.monitor.lines_until_echo(&r.srv, "before-release");
+    r.release().expect("release");
+    assert_eq!(r.report().got, Some(1), "the waiter holds the lock once");
+    let after = r.monitor.lines_until_echo(&r.srv, "after-grant");
+    let tries: Vec<_> = after.iter().filter(|l| is_acquire_of(l, name)).collect();
+    assert!(
+        tries.is_empty(),
+        "the waiter held the lock without a try of its own after the release: {tries:?}"
+    );
+    assert!(
+        !after.iter().any(|l| l.contains("lua] \"publish\"")),
+        "a release that hands the lock over wakes nobody: {after:?}"
+    );
+    assert_eq!(r.srv.cmd(&["EXISTS", name]), "1", "held by the waiter");
+    r.let_go(name);
+}
+
+#[test]
+fn a_waiter_whose_deadline_passes_during_its_grant_takes_the_outcome() {
+    let name = "grant:deadline";
+    let mut r = rig(
+        name,
+        Duration::from_secs(3),
+        Some(Duration::from_millis(1500)),
+    );
+    // The release (and only it) reaches Redis after the waiter's deadline,
+    // within the response timeout.
+    r.proxy.add_rule(
+        b"redisson_unlock_latch:",
+        Fault::DelayRequest(Duration::from_millis(2500)),
+        1,
+    );
+    r.release().expect("the release is answered, late");
+    let report = r.report();
+    assert_eq!(
+        report.got,
+        Some(1),
+        "the release chose the waiter before its deadline and handed it the lock"
+    );
+    assert!(
+        report.took < Duration::from_secs(3) + Duration::from_millis(1500),
+        "the waiter returned within the release's response timeout: {:?}",
+        report.took
+    );
+    r.let_go(name);
+}
+
+#[test]
+fn a_grant_whose_reply_is_lost_is_taken_by_the_waiter_and_never_stranded() {
+    let name = "grant:lost-reply";
+    let mut r = rig(name, Duration::from_millis(500), None);
+    // The release runs (and hands the lock over), its reply is lost.
+    r.proxy
+        .add_rule(b"redisson_unlock_latch:", Fault::DropReply, 1);
+    assert!(
+        r.release().is_err(),
+        "a release without a reply is not reported done"
+    );
+    assert_eq!(r.report().got, Some(1), "the waiter holds the lock once");
+    // Whatever the background undo of the grant did, the waiter's hold is
+    // the one in Redis, and it stays.
+    thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        r.srv.cmd(&["EXISTS", name]),
+        "1",
+        "still held by the waiter"
+    );
+    r.let_go(name);
+}
+
+/// A release whose answer was lost may still reach Redis later: the
+/// waiter it chose treats the hand-off as a lost acquisition, and its next
+/// try sets the cancel marker, so the late copy hands nothing over (it
+/// releases, and its wake-up reaches the waiter). Handed over in silence,
+/// the lock would be the waiter's without its knowing: it would sleep
+/// until the lease it last saw (30 s).
+#[test]
+fn a_late_copy_of_a_release_whose_answer_was_lost_hands_nothing_over() {
+    let name = "grant:late-copy";
+    let mut r = rig(name, Duration::from_millis(500), None);
     // The release, and every background retry of it, reaches Redis 1.5 s
-    // late: after its caller timed out and the waiter gave up.
-    proxy.add_rule(
+    // late, after its caller timed out.
+    r.proxy.add_rule(
         b"redisson_unlock_latch:",
         Fault::LateCopy(Duration::from_millis(1500)),
         usize::MAX,
     );
-    assert!(held.unlock().is_err(), "the release timed out");
-    let report = rx.recv_timeout(WAIT).expect("the waiter returns");
-    assert_eq!(
-        report.got, None,
-        "the lock was still held when the waiter gave up"
+    assert!(r.release().is_err(), "the release timed out");
+    let report = r.report();
+    assert_eq!(report.got, Some(1), "the waiter got the lock within 10 s");
+    assert!(
+        report.took < Duration::from_secs(5),
+        "woken by the late release, not at the end of the lease it saw: {:?}",
+        report.took
     );
-    // The late release frees the lock; granted to the waiter, it would
-    // stay held in its name for its 30 s lease.
-    wait_until("the late release to free the lock", WAIT, || {
-        srv.cmd(&["EXISTS", name]) == "0"
-    });
+    r.let_go(name);
 }
 
 /// Two threads of `c` that take turns on `name` until stopped (hold 40 ms,
@@ -406,27 +419,17 @@ fn a_release_that_wakes_a_queued_process_leaves_its_own_waiter_asleep() {
 /// makes no try of its own after it.
 #[test]
 fn a_waiter_chosen_by_a_release_without_answer_returns_after_its_round_trip() {
-    let srv = RedisServer::start();
-    let proxy = Proxy::start(srv.addr());
-    let response = Duration::from_millis(1500);
-    let c = client(&proxy.url(), response);
-    warm_subscriber(&client(&srv.url(), response), &c);
     let name = "grant:bounded";
-    let held = c
-        .lock(name)
-        .lock()
-        .expect("the first thread takes the lock");
-    let mut monitor = Monitor::start(&srv);
+    let response = Duration::from_millis(1500);
     // The release's round trip ends past the deadline.
     let deadline = Duration::from_millis(600);
-    let (tid, rx, _go) = spawn_waiter(&c, name, Some(deadline));
-    wait_asleep(&mut monitor, name, &tid);
+    let mut r = rig(name, response, Some(deadline));
     // Redis never answers what names a cancel marker from now on: the
     // release that carries the hand-off, and any try of the waiter's.
-    proxy.add_rule(b"redlease_acquire_cancel:", Fault::BlackHole, usize::MAX);
-    let released = held.unlock();
-    assert!(released.is_err(), "the release got no answer");
-    let report = rx.recv_timeout(WAIT).expect("the waiter returns");
+    r.proxy
+        .add_rule(b"redlease_acquire_cancel:", Fault::BlackHole, usize::MAX);
+    assert!(r.release().is_err(), "the release got no answer");
+    let report = r.report();
     assert_eq!(report.got, None, "the waiter did not get the lock");
     assert!(
         report.took < deadline + response + Duration::from_millis(500),
