@@ -35,6 +35,19 @@ struct Report {
     took: Duration,
 }
 
+/// The calling thread's id in the OS (its `/proc/self/task/` entry).
+fn os_thread_id() -> String {
+    std::fs::read_link("/proc/thread-self")
+        .map(|p| {
+            p.to_string_lossy()
+                .rsplit('/')
+                .next()
+                .unwrap_or("")
+                .to_owned()
+        })
+        .unwrap_or_default()
+}
+
 /// Starts a thread of `c` that waits for `name` (`wait`: `None` for
 /// `lock()`), reports, then holds what it got until told (or 30 s).
 /// Returns its OS thread id, the report channel and the "let go" sender.
@@ -48,15 +61,7 @@ fn spawn_waiter(
     let (tx, rx) = mpsc::channel();
     let (go, go_rx) = mpsc::channel::<()>();
     thread::spawn(move || {
-        let tid = std::fs::read_link("/proc/thread-self")
-            .map(|p| {
-                p.to_string_lossy()
-                    .rsplit('/')
-                    .next()
-                    .unwrap_or("")
-                    .to_owned()
-            })
-            .unwrap_or_default();
+        let tid = os_thread_id();
         let _ = tid_tx.send(tid);
         let started = Instant::now();
         let got = match wait {
@@ -378,15 +383,7 @@ fn a_release_that_wakes_a_queued_process_leaves_its_own_waiter_asleep() {
         let (lock, tx) = (c.lock(name), tx.clone());
         let (tid_tx, tid_rx) = mpsc::channel();
         thread::spawn(move || {
-            let tid = std::fs::read_link("/proc/thread-self")
-                .map(|p| {
-                    p.to_string_lossy()
-                        .rsplit('/')
-                        .next()
-                        .unwrap_or("")
-                        .to_owned()
-                })
-                .unwrap_or_default();
+            let tid = os_thread_id();
             let _ = tid_tx.send(tid);
             let got = lock.try_lock_for(WAIT).expect("the waiter's call");
             let _ = tx.send((who, got.is_some()));
