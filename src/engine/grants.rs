@@ -74,8 +74,9 @@ pub(crate) enum Outcome {
     /// The lock is the waiter's, leased from `sent` (when the release was
     /// sent) on.
     Granted { sent: Instant },
-    /// Not granted (the release did not take place or found someone else
-    /// queued): the waiter tries again at once.
+    /// Not granted: the release did not take place, or released the lock
+    /// and woke whom it wakes without a hand-off (someone else listens).
+    /// The waiter sleeps on unless something else woke it.
     Declined,
     /// The release's reply was lost: it may have granted the lock, or may
     /// still, until the waiter's cancel marker is set.
