@@ -78,6 +78,10 @@ pub(crate) enum Outcome {
     /// and woke whom it wakes without a hand-off (someone else listens).
     /// The waiter sleeps on unless something else woke it.
     Declined,
+    /// Not granted: the releaser held nothing any more (its lease ran out,
+    /// the key was deleted), so the lock may be free with nobody told. The
+    /// waiter tries at once.
+    Missed,
     /// The release's reply was lost: it may have granted the lock, or may
     /// still, until the waiter's cancel marker is set.
     Unknown { sent: Instant },

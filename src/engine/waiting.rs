@@ -316,7 +316,7 @@ impl Waiters<'_> {
                         // granted is undone (and this thread's next try
                         // sets the cancel marker first).
                         Some(Outcome::Unknown { sent }) => client.settle_later(o.lost(sent)),
-                        Some(Outcome::Declined) | None => {}
+                        Some(Outcome::Declined | Outcome::Missed) | None => {}
                     }
                     if outcome.is_some() && deadline.is_some_and(|d| Instant::now() >= d) {
                         // Past the deadline while the release that chose

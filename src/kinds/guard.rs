@@ -261,15 +261,12 @@ impl Held {
                     step.request.grant = self.shared.grants.claim(self.hold.name());
                 }
                 let reply = self.send_release(&step.request);
-                let grant = step.request.grant.take();
-                let outcome = grant_outcome(&reply, step.request.sent);
-                let released = self.end_release(step, reply);
-                // After this release's event: an event handler never sees
-                // the waiter hold the lock before the releaser let it go.
-                if let Some(claim) = grant {
-                    claim.decide(outcome);
+                // At once: the waiter's wait is bounded by this round trip
+                // alone, not by what follows (an event handler's code).
+                if let Some(claim) = step.request.grant.take() {
+                    claim.decide(grant_outcome(&reply, step.request.sent));
                 }
-                released
+                self.end_release(step, reply)
             }
         }
     }
@@ -508,12 +505,16 @@ pub(crate) struct ReleaseRequest {
 
 /// What a release that may have handed the lock over did for its waiter:
 /// granted only on Redis's word (and, with replica sync, the replicas'),
-/// declined when Redis answered otherwise or never got it, unknown when
-/// it may have run.
+/// missed when the releaser held nothing any more, declined when Redis
+/// released as usual or never got it (a release settled later wakes as
+/// usual), unknown when it may have run.
 fn grant_outcome(reply: &Result<(Option<i64>, Synced)>, sent: Instant) -> Outcome {
     match reply {
         Ok((Some(2), Synced::No { .. })) => Outcome::Unknown { sent },
         Ok((Some(2), _)) => Outcome::Granted { sent },
+        // Not held any more (lease ran out, deleted): the lock may be free
+        // and nobody was told.
+        Ok((None, _)) => Outcome::Missed,
         Ok(_) => Outcome::Declined,
         Err(e) if e.maybe_applied() => Outcome::Unknown { sent },
         Err(_) => Outcome::Declined,

@@ -435,3 +435,60 @@ fn a_waiter_chosen_by_a_release_without_answer_returns_after_its_round_trip() {
         report.took
     );
 }
+
+/// The waiter a release chose waits for that release's round trip, not for
+/// what the releasing thread does after it (here a slow event handler).
+#[test]
+fn a_waiter_is_told_its_outcome_before_the_releaser_s_event_handler_runs() {
+    struct Slow;
+    impl redlease::HandleEvent for Slow {
+        fn handle_release(&self, _: redlease::ReleaseEvent<'_>) {
+            thread::sleep(Duration::from_secs(4));
+        }
+    }
+    let srv = RedisServer::start();
+    let response = Duration::from_millis(500);
+    let c = Client::builder(srv.url())
+        .watchdog_timeout(Duration::from_secs(30))
+        .response_timeout(response)
+        .event_handler(Slow)
+        .build()
+        .expect("client connects to the test server");
+    warm_subscriber(&client(&srv.url(), response), &c);
+    let name = "grant:slow-handler";
+    let held = c
+        .lock(name)
+        .lock()
+        .expect("the first thread takes the lock");
+    let mut monitor = Monitor::start(&srv);
+    let (tid, rx, go) = spawn_waiter(&c, name, Some(Duration::from_millis(800)));
+    wait_asleep(&mut monitor, name, &tid);
+    // Returns once the handler has run (4 s).
+    held.unlock().expect("the release");
+    let report = rx.recv_timeout(WAIT).expect("the waiter returns");
+    assert_eq!(report.got, Some(1), "the waiter holds the lock");
+    assert!(
+        report.took < Duration::from_millis(800) + response,
+        "the waiter returned {:?} after its call, within its deadline plus one round trip",
+        report.took
+    );
+    let _ = go.send(());
+}
+
+/// A release that finds its owner's field gone (the key deleted behind its
+/// back: nobody was told) tells the waiter it chose, which tries at once
+/// and finds the lock free, rather than sleep until the lease it saw (30 s).
+#[test]
+fn a_release_that_finds_the_lock_gone_sends_its_waiter_to_try_at_once() {
+    let name = "grant:deleted";
+    let mut r = rig(name, Duration::from_secs(2), None);
+    assert_eq!(
+        r.srv.cmd(&["DEL", name]),
+        "1",
+        "deleted behind the holder's back"
+    );
+    assert!(r.release().is_err(), "the holder had lost the lock");
+    let report = r.report();
+    assert_eq!(report.got, Some(1), "the waiter got the lock within 10 s");
+    r.let_go(name);
+}
