@@ -436,6 +436,9 @@ pub(crate) struct Grant<'a> {
     pub(crate) marker: &'a str,
     pub(crate) gen: u64,
     pub(crate) lease_ms: u64,
+    /// The waiter's process's queue entry, to remove when it was the
+    /// process's last waiter.
+    pub(crate) leave: Option<&'a str>,
 }
 
 impl Release<'_> {
@@ -474,6 +477,9 @@ impl Release<'_> {
         }
         if let Some(g) = &self.grant {
             cmd.arg(g.field).arg(g.gen).arg(g.lease_ms);
+            if let Some(entry) = g.leave {
+                cmd.arg(entry);
+            }
         }
     }
 

@@ -52,6 +52,9 @@ pub(crate) struct Offer {
     pub(crate) n: u64,
     /// The lease it sets.
     pub(crate) lease_ms: u64,
+    /// Its process's wake-up channel for the lock (its entry in the lock's
+    /// queue of waiting processes).
+    pub(crate) wake: String,
     state: Mutex<State>,
     decided: Condvar,
     poker: Poker,
@@ -90,6 +93,7 @@ pub(crate) enum Outcome {
 impl Offer {
     /// An offer of the acquisition described, waking its waiter through
     /// `poker` once decided.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         name: &str,
         channel: &str,
@@ -97,6 +101,7 @@ impl Offer {
         marker: String,
         n: u64,
         lease_ms: u64,
+        wake: String,
         poker: Poker,
     ) -> Offer {
         Offer {
@@ -106,6 +111,7 @@ impl Offer {
             marker,
             n,
             lease_ms,
+            wake,
             state: Mutex::new(State::Parked),
             decided: Condvar::new(),
             poker,
@@ -167,15 +173,16 @@ impl Grants {
             keep
         });
         self.count.fetch_sub(withdrawn, Ordering::Relaxed);
-        let everyone = queue.front().is_some_and(|first| {
+        // Every waiter parked, and whether the first is the only one.
+        let everyone = queue.front().and_then(|first| {
             let on_its_latch = queue
                 .iter()
                 .filter(|o| o.poker.same_latch(&first.poker))
                 .count();
-            first.poker.waiters() == on_its_latch
+            (first.poker.waiters() == on_its_latch).then_some(on_its_latch == 1)
         });
-        let claimed = match queue.pop_front() {
-            Some(offer) if everyone => {
+        let claimed = match (queue.pop_front(), everyone) {
+            (Some(offer), Some(last)) => {
                 self.count.fetch_sub(1, Ordering::Relaxed);
                 let mut state = offer.state.lock();
                 // Taken back since it was looked at: no hand-off.
@@ -184,17 +191,18 @@ impl Grants {
                     drop(state);
                     Some(Claim {
                         offer,
+                        last,
                         decided: false,
                     })
                 } else {
                     None
                 }
             }
-            Some(offer) => {
+            (Some(offer), None) => {
                 queue.push_front(offer);
                 None
             }
-            None => None,
+            (None, _) => None,
         };
         if queue.is_empty() {
             parked.remove(name);
@@ -240,12 +248,20 @@ impl Grants {
 /// have been granted).
 pub(crate) struct Claim {
     offer: Arc<Offer>,
+    /// Its waiter is the client's only waiter of the lock: handed the
+    /// lock, its process leaves the lock's queue.
+    last: bool,
     decided: bool,
 }
 
 impl Claim {
     pub(crate) fn offer(&self) -> &Offer {
         &self.offer
+    }
+
+    /// See [`Claim::last`](Claim#structfield.last).
+    pub(crate) fn last(&self) -> bool {
+        self.last
     }
 
     /// Tells the waiter what the release did, and wakes it.

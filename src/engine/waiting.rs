@@ -105,8 +105,9 @@ pub(crate) struct Waiters<'a> {
 /// lock to (engine/grants.rs).
 pub(crate) trait Grantee<T> {
     /// The acquisition to offer while the waiter sleeps (woken through
-    /// `poker`), if it may take one now.
-    fn offer(&mut self, poker: Poker) -> Option<Offer>;
+    /// `poker`; `wake`: its process's wake-up channel, its entry in the
+    /// lock's queue), if it may take one now.
+    fn offer(&mut self, poker: Poker, wake: &str) -> Option<Offer>;
 
     /// The offer was granted, leased from `sent`: the waiter's hold.
     fn granted(&mut self, offer: &Offer, sent: Instant) -> Result<T>;
@@ -287,12 +288,14 @@ impl Waiters<'_> {
                 // While it sleeps, a release by another thread of this
                 // client may hand it the lock.
                 let woke = loop {
-                    let offer = match (grantee.as_deref_mut(), self.client) {
-                        (Some(g), Some(client)) => g.offer(sub.poker()).map(|o| {
-                            let o = Arc::new(o);
-                            client.grants.park(&o);
-                            o
-                        }),
+                    let offer = match (grantee.as_deref_mut(), self.client, &queue) {
+                        (Some(g), Some(client), Some(q)) => {
+                            g.offer(sub.poker(), &q.channel).map(|o| {
+                                let o = Arc::new(o);
+                                client.grants.park(&o);
+                                o
+                            })
+                        }
                         _ => None,
                     };
                     let woke = sub.wait_until(until);

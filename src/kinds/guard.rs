@@ -425,6 +425,7 @@ impl Held {
                     marker: &o.marker,
                     gen: o.n,
                     lease_ms: o.lease_ms,
+                    leave: c.last().then_some(o.wake.as_str()),
                 }
             }),
         }

@@ -971,7 +971,7 @@ struct Grantee<'a> {
 }
 
 impl crate::engine::waiting::Grantee<LockGuard> for Grantee<'_> {
-    fn offer(&mut self, poker: Poker) -> Option<Offer> {
+    fn offer(&mut self, poker: Poker, wake: &str) -> Option<Offer> {
         let lock = self.lock;
         let shared = &lock.shared;
         let (existing, pending) = owner_state(shared.id, &lock.slot);
@@ -988,6 +988,7 @@ impl crate::engine::waiting::Grantee<LockGuard> for Grantee<'_> {
             marker,
             n,
             self.terms.new_hold_lease_ms(),
+            wake.to_owned(),
             poker,
         ))
     }

@@ -12,7 +12,7 @@
 -- ARGV[6] the publish command: 'publish', or 'spublish' (sharded pub/sub on
 --         a cluster, as Redisson's getPublishCommand)
 -- ARGV[7] TTL in ms of the unsettled keys (given with them, and with ARGV[8..])
--- ARGV[8..10], with the waiter's cancel marker as the last key: a waiting
+-- ARGV[8..11], with the waiter's cancel marker as the last key: a waiting
 --         thread of this client that a full release may hand the lock to
 --         (see release_plain.lua)
 -- Returns nil when the field is gone (not held: expired or deleted), 0 when
@@ -56,6 +56,9 @@ if grant_allowed() then
     redis.call('hdel', KEYS[1], ARGV[1], ARGV[1] .. ':gen')
     redis.call('hset', KEYS[1], ARGV[8], 1, ARGV[8] .. ':gen', ARGV[9])
     redis.call('pexpire', KEYS[1], ARGV[10])
+    if ARGV[11] then
+        redis.pcall('zrem', KEYS[4], ARGV[11])
+    end
     redis.call('set', KEYS[3], 2, 'px', ARGV[4])
     return 2
 end

@@ -7,6 +7,8 @@
 -- client instead (engine/grants.rs), given:
 -- ARGV[8] the waiter's owner field   ARGV[9] its generation (request id)
 -- ARGV[10] its lease in ms
+-- ARGV[11] if it was its process's last waiter: its process's entry in the
+--          queue, which leaves it (as acquire.lua's 'l')
 -- and, as the last key, the waiter's cancel marker.
 local FIRST_UNSETTLED = 5
 local LAST_UNSETTLED = #KEYS

@@ -173,6 +173,11 @@ fn a_release_hands_the_lock_to_a_sleeping_thread_of_the_same_client() {
         "a release that hands the lock over wakes nobody: {after:?}"
     );
     assert_eq!(r.srv.cmd(&["EXISTS", name]), "1", "held by the waiter");
+    assert_eq!(
+        r.srv.cmd(&["ZCARD", &crate::handoff::queue(name)]),
+        "0",
+        "the waiter was its process's last: its process left the lock's queue"
+    );
     r.let_go(name);
 }
 
