@@ -181,6 +181,11 @@ impl Hold {
         self.texts.get(NAME)
     }
 
+    /// The lock's name as a RESP bulk string (`$<len>\r\n<name>\r\n`).
+    pub(crate) fn framed_name(&self) -> &[u8] {
+        self.texts.framed_name()
+    }
+
     /// The owner field.
     pub(crate) fn field(&self) -> &str {
         self.texts.get(FIELD)
@@ -441,20 +446,23 @@ impl Hold {
     }
 }
 
-/// The texts of a hold, one after another in one allocation: its name,
-/// owner field, release channel, read-hold prefix (empty but for a read
-/// hold) and slot key (empty but for a write hold: see [`slot_key`]).
+/// The texts of a hold, one after another in one allocation: its name
+/// framed as a RESP bulk string (`$<len>\r\n<name>\r\n`, what the
+/// watchdog's renewals copy in one piece), owner field, release channel,
+/// read-hold prefix (empty but for a read hold) and slot key (empty but for
+/// a write hold: see [`slot_key`]).
 struct Texts {
     all: Box<str>,
-    /// Where each text but the last ends in `all`.
-    ends: [usize; 4],
+    /// Where each part but the last ends in `all`: the frame's head, the
+    /// name, the frame's tail, the field, the channel, the prefix.
+    ends: [u32; 6],
 }
 
-const NAME: usize = 0;
-const FIELD: usize = 1;
-const CHANNEL: usize = 2;
-const PREFIX: usize = 3;
-const SLOT: usize = 4;
+const NAME: usize = 1;
+const FIELD: usize = 3;
+const CHANNEL: usize = 4;
+const PREFIX: usize = 5;
+const SLOT: usize = 6;
 
 impl Texts {
     fn new(lock: LockRef<'_>) -> Texts {
@@ -464,13 +472,24 @@ impl Texts {
         } else {
             String::new()
         };
-        let parts = [lock.name, lock.field, lock.channel, &prefix, &slot];
+        let head = format!("${}\r\n", lock.name.len());
+        let parts = [
+            &head,
+            lock.name,
+            "\r\n",
+            lock.field,
+            lock.channel,
+            &prefix,
+            &slot,
+        ];
         let mut all = String::with_capacity(parts.iter().map(|p| p.len()).sum());
-        let mut ends = [0; 4];
+        let mut ends = [0; 6];
         for (i, part) in parts.iter().enumerate() {
             all.push_str(part);
             if let Some(end) = ends.get_mut(i) {
-                *end = all.len();
+                // Past 4 GiB of texts the parts read as empty: no lock name
+                // comes near (Redis caps a key at 512 MB).
+                *end = u32::try_from(all.len()).unwrap_or(u32::MAX);
             }
         }
         Texts {
@@ -479,14 +498,20 @@ impl Texts {
         }
     }
 
-    /// Text `i` (`NAME` ... `SLOT`).
+    /// Part `i` (`NAME` ... `SLOT`).
     fn get(&self, i: usize) -> &str {
         let start = match i.checked_sub(1) {
             Some(before) => self.ends.get(before).copied().unwrap_or(0),
             None => 0,
         };
-        let end = self.ends.get(i).copied().unwrap_or(self.all.len());
-        self.all.get(start..end).unwrap_or_default()
+        let end = self.ends.get(i).map_or(self.all.len(), |&e| e as usize);
+        self.all.get(start as usize..end).unwrap_or_default()
+    }
+
+    /// The name framed as a RESP bulk string.
+    fn framed_name(&self) -> &[u8] {
+        let end = self.ends[2] as usize;
+        self.all.as_bytes().get(..end).unwrap_or_default()
     }
 }
 
@@ -541,6 +566,11 @@ mod tests {
                 };
                 let hold = Hold::new(1, lock, Instant::now(), 1000, 1, None, false);
                 assert_eq!(hold.name(), name, "{kind:?}");
+                assert_eq!(
+                    hold.framed_name(),
+                    format!("${}\r\n{name}\r\n", name.len()).as_bytes(),
+                    "{kind:?}"
+                );
                 assert_eq!(hold.field(), field, "{kind:?}");
                 assert_eq!(hold.channel(), channel, "{kind:?}");
                 assert_eq!(hold.prefix(), lock.hold_prefix(), "{kind:?}");

@@ -680,7 +680,8 @@ impl Inner {
         // lock of each hold. The schedule's lock is let go every so often, so
         // that a large batch does not hold up acquisitions. Renewals of one
         // lease share the bound they give, and those of one interval their
-        // due tick and bucket: each is computed (or looked up) once per run.
+        // next turn, due tick and bucket: each is computed (or looked up) once
+        // per run.
         let mut lost = Vec::new();
         let mut st = self.state.lock();
         let mut renewals = batch.into_iter();
@@ -688,6 +689,7 @@ impl Inner {
         let mut k = 0usize;
         let mut bound: Option<(u64, Instant)> = None;
         let mut tick: Option<(Instant, u64)> = None;
+        let mut turn: Option<(Duration, Instant)> = None;
         while renewals.len() > 0 {
             touch(
                 renewals.as_slice().iter().take(TOUCH).map(|r| &r.hold),
@@ -723,7 +725,14 @@ impl Inner {
                             _ if !raised => retry(&r),
                             // An entry due at its cap (no interval) stays due then.
                             Duration::ZERO => r.hold.cap.unwrap_or(sent + RETRY_DELAY),
-                            interval => sent + interval,
+                            interval => match turn {
+                                Some((every, at)) if every == interval => at,
+                                _ => {
+                                    let at = sent + interval;
+                                    turn = Some((interval, at));
+                                    at
+                                }
+                            },
                         };
                         (Some(at), sched)
                     }
@@ -1174,6 +1183,7 @@ fn sort_chunk(batch: &[Renewal], chunk: &mut [usize]) {
 
 /// One section of a renewal script call: `chunk[start..end]`, in `mode`
 /// (see renew.lua).
+#[derive(Debug, PartialEq, Eq)]
 struct Section {
     start: usize,
     end: usize,
@@ -1181,7 +1191,7 @@ struct Section {
 }
 
 /// A section's mode (see renew.lua).
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
     /// `f`: locks of one owner field (the field once, a generation per lock).
     Field,
@@ -1215,6 +1225,26 @@ impl Mode {
 /// of locks of one owner field (`f`: the field once, a generation per lock),
 /// or locks of one owner prefix that each have their own field (`e`).
 fn sections(batch: &[Renewal], chunk: &[usize]) -> Vec<Section> {
+    // The usual chunk: locks of one owner field and one lease, no read
+    // hold: one section, found in one pass (what the general case below
+    // makes of it too).
+    if let [first, rest @ ..] = chunk {
+        let f = &batch[*first];
+        let one =
+            |r: &Renewal| r.owner == f.owner && r.lease_ms == f.lease_ms && r.kind != Kind::Read;
+        if f.owner.is_some() && !rest.is_empty() && one(f) && rest.iter().all(|&i| one(&batch[i])) {
+            return vec![Section {
+                start: 0,
+                end: chunk.len(),
+                mode: Mode::Field,
+            }];
+        }
+    }
+    sections_by_runs(batch, chunk)
+}
+
+/// [`sections`] of any chunk.
+fn sections_by_runs(batch: &[Renewal], chunk: &[usize]) -> Vec<Section> {
     let mut out = Vec::new();
     let mut s = 0;
     while s < chunk.len() {
@@ -1284,18 +1314,37 @@ impl redis::ToRedisArgs for RestArg<'_> {
 }
 
 /// A renewal's generation as the kind's scripts write it (`g<id>` for the
-/// read-write lock, see rw_lib.lua); empty when unknown (matches nothing).
-struct GenArg(Kind, Option<u64>);
+/// read-write lock, `true`, see rw_lib.lua); empty when unknown (matches
+/// nothing).
+struct GenArg(bool, Option<u64>);
 
 impl redis::ToRedisArgs for GenArg {
     fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
         match *self {
             GenArg(_, None) => out.write_arg(b""),
-            GenArg(kind, Some(gen)) if kind.is_rw() => out.write_arg_fmt(format_args!("g{gen}")),
-            GenArg(_, Some(gen)) => gen.write_redis_args(out),
+            GenArg(true, Some(gen)) => out.write_arg_fmt(format_args!("g{gen}")),
+            GenArg(false, Some(gen)) => gen.write_redis_args(out),
         }
     }
 }
+
+/// Where a renewal script call is written: a `redis::Cmd`, or a
+/// pipeline's bytes ([`Packed`]), which writes the two arguments every lock
+/// has in fewer steps.
+trait RenewalWrite: redis::RedisWrite {
+    /// The lock's key.
+    fn write_key(&mut self, hold: &Hold) {
+        self.write_arg(hold.name().as_bytes());
+    }
+
+    /// A generation written as a number (not the read-write lock's).
+    fn write_gen(&mut self, gen: u64) {
+        use redis::ToRedisArgs;
+        gen.write_redis_args(self);
+    }
+}
+
+impl RenewalWrite for redis::Cmd {}
 
 /// The renewal script call for the locks at `chunk` (indices into `batch`);
 /// `careful` reads the owner fields with pcall (a key of the chunk is not a
@@ -1343,7 +1392,7 @@ fn pack_renewal(out: &mut Vec<u8>, batch: &[Renewal], chunk: &[usize]) {
 }
 
 /// The keys and arguments of a renewal script call (see renew.lua).
-fn write_renewal<W: redis::RedisWrite>(
+fn write_renewal<W: RenewalWrite>(
     w: &mut W,
     batch: &[Renewal],
     chunk: &[usize],
@@ -1354,7 +1403,7 @@ fn write_renewal<W: redis::RedisWrite>(
     for block in chunk.chunks(TOUCH) {
         touch(block.iter().map(|&i| &batch[i].hold), true);
         for &i in block {
-            w.write_arg(batch[i].hold.name().as_bytes());
+            w.write_key(&batch[i].hold);
         }
     }
     w.write_arg(if careful { b"1" } else { b"0" });
@@ -1374,7 +1423,10 @@ fn write_renewal<W: redis::RedisWrite>(
             if sec.mode != Mode::Field {
                 RestArg(r).write_redis_args(w);
             }
-            GenArg(r.kind, r.token.gen).write_redis_args(w);
+            match (r.kind.is_rw(), r.token.gen) {
+                (false, Some(gen)) => w.write_gen(gen),
+                (rw, gen) => GenArg(rw, gen).write_redis_args(w),
+            }
             if sec.mode == Mode::Read {
                 w.write_arg(r.hold.prefix().as_bytes());
             }
@@ -1415,6 +1467,40 @@ impl redis::RedisWrite for Packed<'_> {
     fn writer_for_next_arg(&mut self) -> impl std::io::Write + '_ {
         self.scratch.clear();
         NextArg { packed: self }
+    }
+}
+
+impl RenewalWrite for Packed<'_> {
+    /// One copy: the hold keeps its name framed.
+    fn write_key(&mut self, hold: &Hold) {
+        self.out.extend_from_slice(hold.framed_name());
+    }
+
+    /// The frame and the digits in one copy.
+    fn write_gen(&mut self, gen: u64) {
+        let mut digits = itoa::Buffer::new();
+        let digits = digits.format(gen).as_bytes();
+        // `$`, at most 2 digits of length, CRLF, at most 20 digits, CRLF.
+        let mut arg = [0u8; 27];
+        arg[0] = b'$';
+        let mut n = 1;
+        if digits.len() >= 10 {
+            arg[n] = b'0' + (digits.len() / 10) as u8;
+            n += 1;
+        }
+        arg[n] = b'0' + (digits.len() % 10) as u8;
+        arg[n + 1] = b'\r';
+        arg[n + 2] = b'\n';
+        n += 3;
+        arg[n..n + digits.len()].copy_from_slice(digits);
+        n += digits.len();
+        arg[n] = b'\r';
+        arg[n + 1] = b'\n';
+        // The whole array and back: a copy of a known size is a few moves,
+        // one of a length known only here a call of memcpy.
+        let len = self.out.len() + n + 2;
+        self.out.extend_from_slice(&arg);
+        self.out.truncate(len);
     }
 }
 
@@ -1494,6 +1580,57 @@ fn bad_reply(what: &'static str) -> redis::RedisError {
 mod tests {
     use super::*;
     use crate::scripts::LockRef;
+
+    #[test]
+    fn one_owners_chunk_is_one_section_either_way() {
+        let u = "6f1c2c1e-3b1a-4a51-9a4e-1f2e3d4c5b6a";
+        let one: Vec<Renewal> = (0..5)
+            .map(|i| {
+                renewal(
+                    &format!("k{i}"),
+                    &format!("{u}:3"),
+                    Kind::Plain,
+                    30_000,
+                    Some(i),
+                )
+            })
+            .collect();
+        let chunk: Vec<usize> = (0..one.len()).collect();
+        assert_eq!(
+            sections(&one, &chunk),
+            vec![Section {
+                start: 0,
+                end: 5,
+                mode: Mode::Field
+            }]
+        );
+        assert_eq!(sections(&one, &chunk), sections_by_runs(&one, &chunk));
+        // A lone lock, another lease, a read hold, another owner: the
+        // general case.
+        let mut odd = vec![renewal(
+            "x",
+            &format!("{u}:3"),
+            Kind::Plain,
+            30_000,
+            Some(1),
+        )];
+        assert_eq!(sections(&odd, &[0]), sections_by_runs(&odd, &[0]));
+        for (field, kind, lease) in [
+            (format!("{u}:3"), Kind::Plain, 9_000),
+            (format!("{u}:3"), Kind::Read, 30_000),
+            (format!("{u}:4"), Kind::Plain, 30_000),
+        ] {
+            odd.truncate(1);
+            odd.push(renewal("y", &field, kind, lease, Some(2)));
+            assert_eq!(sections(&odd, &[0, 1]), sections_by_runs(&odd, &[0, 1]));
+            assert!(
+                sections(&odd, &[0, 1])
+                    .iter()
+                    .all(|s| s.mode != Mode::Field),
+                "{kind:?} {lease}"
+            );
+        }
+    }
 
     fn renewal(name: &str, field: &str, kind: Kind, lease_ms: u64, gen: Option<u64>) -> Renewal {
         let hold = Arc::new(Hold::new(
