@@ -487,8 +487,9 @@ impl Texts {
         for (i, part) in parts.iter().enumerate() {
             all.push_str(part);
             if let Some(end) = ends.get_mut(i) {
-                // Past 4 GiB of texts the parts read as empty: no lock name
-                // comes near (Redis caps a key at 512 MB).
+                // Saturates past 4 GiB of texts, which no hold reaches: its
+                // name is at most `MAX_NAME_LEN` (512 MiB, `check_name`), and
+                // its texts hold four copies of it at most.
                 *end = u32::try_from(all.len()).unwrap_or(u32::MAX);
             }
         }
@@ -603,7 +604,7 @@ mod size {
     #[test]
     fn a_hold_stays_small() {
         let sizes = [
-            ("Hold", std::mem::size_of::<super::Hold>(), 208),
+            ("Hold", std::mem::size_of::<super::Hold>(), 200),
             ("LeaseState", std::mem::size_of::<super::LeaseState>(), 64),
             ("Sched", std::mem::size_of::<super::Sched>(), 24),
         ];

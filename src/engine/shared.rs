@@ -181,12 +181,29 @@ impl Shared {
     }
 }
 
+/// The longest name of a lock, semaphore or latch: 512 MiB, Redis's
+/// default `proto-max-bulk-len`.
+pub(crate) const MAX_NAME_LEN: usize = 512 * 1024 * 1024;
+
+/// What Redis takes by default (proto-max-bulk-len); a hold's texts (a few
+/// copies of the name) stay within its 32-bit offsets.
+fn check_name_len(what: &str, len: usize) -> Result<()> {
+    if len > MAX_NAME_LEN {
+        return Err(Error::invalid(format!(
+            "{what} name must be at most 512 MiB, got {len} bytes"
+        )));
+    }
+    Ok(())
+}
+
 /// Checks the name of a `what` (lock, semaphore, ...) laid out as Redisson
-/// does: not empty, and on a cluster, its keys and channel in one slot.
+/// does: not empty, at most [`MAX_NAME_LEN`], and on a cluster, its keys
+/// and channel in one slot.
 pub(crate) fn check_name(what: &str, name: &str, router: &Router) -> Result<()> {
     if name.is_empty() {
         return Err(Error::invalid(format!("{what} name must not be empty")));
     }
+    check_name_len(what, name.len())?;
     if router.is_cluster() && !scripts::same_slot(name) {
         // Redisson's layout puts such a name's channel in another slot:
         // every script would fail with CROSSSLOT.
@@ -236,4 +253,22 @@ pub(crate) fn check_lease(what: &str, d: Duration) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{check_name_len, MAX_NAME_LEN};
+
+    #[test]
+    fn a_name_past_redis_default_bulk_length_is_refused() {
+        assert!(check_name_len("lock", 1).is_ok());
+        assert!(check_name_len("lock", MAX_NAME_LEN).is_ok());
+        let err = check_name_len("lock", MAX_NAME_LEN + 1).unwrap_err();
+        assert!(err.is_invalid_argument(), "{err:?}");
+        assert!(
+            err.to_string()
+                .contains("lock name must be at most 512 MiB"),
+            "{err}"
+        );
+    }
 }
