@@ -1120,17 +1120,19 @@ fn cause(e: &crate::error::Error) -> &'static str {
 /// Holds read ahead at a time by [`touch`].
 const TOUCH: usize = 16;
 
-/// Reads a word of each hold's first cache line (and, with `names`, the
-/// first byte of its name) without using it, a block at a time before the
-/// block is worked on: with many locks the holds are not in the cache, and
-/// their misses then overlap instead of coming one after another.
+/// Reads a word of each hold's first cache line (or, with `names`, the
+/// first byte of its framed name, which is what encoding reads of it)
+/// without using it, a block at a time before the block is worked on: with
+/// many locks the holds are not in the cache, and their misses then overlap
+/// instead of coming one after another.
 fn touch<'a>(holds: impl Iterator<Item = &'a Arc<Hold>>, names: bool) {
     let mut x = 0usize;
     for h in holds {
-        x ^= Arc::strong_count(h) ^ h.kind as usize;
-        if names {
-            x ^= usize::from(h.name().as_bytes().first().copied().unwrap_or(0));
-        }
+        x ^= if names {
+            usize::from(h.framed_name().first().copied().unwrap_or(0))
+        } else {
+            Arc::strong_count(h) ^ h.kind as usize
+        };
     }
     std::hint::black_box(x);
 }
