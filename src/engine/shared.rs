@@ -185,8 +185,9 @@ impl Shared {
 /// default `proto-max-bulk-len`.
 pub(crate) const MAX_NAME_LEN: usize = 512 * 1024 * 1024;
 
-/// What Redis takes by default (proto-max-bulk-len); a hold's texts (a few
-/// copies of the name) stay within its 32-bit offsets.
+/// Refuses a name longer than [`MAX_NAME_LEN`]: what Redis takes by default,
+/// and what keeps a hold's texts (a few copies of its name) within their
+/// 32-bit offsets.
 fn check_name_len(what: &str, len: usize) -> Result<()> {
     if len > MAX_NAME_LEN {
         return Err(Error::invalid(format!(

@@ -1315,9 +1315,9 @@ impl redis::ToRedisArgs for RestArg<'_> {
     }
 }
 
-/// A renewal's generation as the kind's scripts write it (`g<id>` for the
-/// read-write lock, `true`, see rw_lib.lua); empty when unknown (matches
-/// nothing).
+/// A renewal's generation as the kind's scripts write it: `g<id>` when the
+/// flag says the read-write lock's (see rw_lib.lua), else the id; empty when
+/// unknown (matches nothing).
 struct GenArg(bool, Option<u64>);
 
 impl redis::ToRedisArgs for GenArg {
