@@ -853,6 +853,9 @@ struct Rule {
     fault: Fault,
     remaining: usize,
     hits: usize,
+    /// For each hit, the local address of the connection to the server
+    /// the chunk came on (what `MONITOR` shows as its client).
+    fired_on: Vec<Option<SocketAddr>>,
 }
 
 impl Pair {
@@ -919,14 +922,15 @@ impl ProxyShared {
     }
 
     /// The fault of the first rule with hits left whose pattern is in
-    /// `window` (counted as a hit).
-    fn take_fault(&self, window: &[u8]) -> Option<Fault> {
+    /// `window`, which `pair` sent (counted as a hit).
+    fn take_fault(&self, window: &[u8], pair: &Pair) -> Option<Fault> {
         let mut rules = lock(&self.rules);
         let rule = rules
             .iter_mut()
             .find(|r| r.remaining > 0 && contains(window, &r.pattern))?;
         rule.remaining -= 1;
         rule.hits += 1;
+        rule.fired_on.push(pair.upstream.local_addr().ok());
         Some(rule.fault.clone())
     }
 
@@ -1085,6 +1089,7 @@ impl Proxy {
             fault,
             remaining: times,
             hits: 0,
+            fired_on: Vec::new(),
         });
         RuleId(id)
     }
@@ -1095,6 +1100,17 @@ impl Proxy {
             .iter()
             .find(|r| r.id == rule.0)
             .map_or(0, |r| r.hits)
+    }
+
+    /// For each time the rule fired, the local address of the connection to
+    /// the server that the chunk came on, as the server's `MONITOR` and
+    /// `CLIENT LIST` show its client (`None` if it could not be read);
+    /// empty once removed.
+    pub fn fired_on(&self, rule: RuleId) -> Vec<Option<SocketAddr>> {
+        lock(&self.shared.rules)
+            .iter()
+            .find(|r| r.id == rule.0)
+            .map_or_else(Vec::new, |r| r.fired_on.clone())
     }
 
     /// Removes a rule (faults already applied stay applied).
@@ -1304,7 +1320,7 @@ fn pump(
                     let room = SENT_KEPT.saturating_sub(sent.len());
                     sent.extend_from_slice(&chunk[..chunk.len().min(room)]);
                 }
-                match shared.take_fault(chunk) {
+                match shared.take_fault(chunk, pair) {
                     None => {}
                     Some(Fault::DelayReply(d)) => lock(&pair.reply_delays).push_back(d),
                     Some(Fault::DelayRequest(d)) if !shared.sleep(pair, d) => break,

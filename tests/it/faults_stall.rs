@@ -14,7 +14,7 @@ use crate::faults_common::{
     assert_within, builder, client, figure, is_acquire_of, is_script_call, ms, server_lock_keys,
     timed, Monitor, MARGIN,
 };
-use crate::support::{wait_until, Proxy, RedisServer};
+use crate::support::{wait_until, Fault, Proxy, RedisServer};
 use redlease::{Client, Lock, LockGuard};
 
 /// The calls made while Redis is SIGSTOPped, one thread each.
@@ -510,15 +510,6 @@ fn delayed_acquire_is_cancelled() {
     assert!(server_lock_keys(&rig.srv).is_empty());
 }
 
-/// The addresses of the clients connected to `srv` now.
-fn client_addresses(srv: &RedisServer) -> std::collections::HashSet<String> {
-    srv.cmd(&["CLIENT", "LIST"])
-        .lines()
-        .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("addr=")))
-        .map(str::to_owned)
-        .collect()
-}
-
 /// A release whose reply is lost by timeout may still reach Redis later (here
 /// 3 s late). The owner takes the lock again meanwhile; when the late copy
 /// arrives it must not free that new hold.
@@ -534,50 +525,29 @@ fn late_release_does_not_free_a_later_hold() {
         .expect("build client");
     // Scripts loaded.
     client.lock("warm").lock().unwrap().unlock().unwrap();
-    // Several idle pooled connections, so that the release's checkout does
-    // not make the pool open a replacement while the delay is on (its
-    // handshake would be delayed too, and hold up every new connection).
-    // Three calls in flight at once (each slowed down by the proxy) need
-    // three connections.
-    proxy.set_delay(Duration::from_millis(50));
-    let start = Barrier::new(3);
-    thread::scope(|s| {
-        for i in 0..3 {
-            let start = &start;
-            s.spawn(move || {
-                start.wait();
-                client.lock(format!("late:warm:{i}")).is_locked().unwrap()
-            });
-        }
-    });
-    proxy.set_delay(Duration::ZERO);
-    assert!(proxy.connections_open() >= 3, "three pooled connections");
     let lock = client.lock("late:release");
     let g = lock.lock().expect("first hold");
     let mut monitor = Monitor::start(&srv);
-    let old_connections = client_addresses(&srv);
 
-    // Only the release is delayed (3 s): the delay is switched off again once
-    // the proxy has read it, so the reconnect and the second hold are fast.
-    proxy.set_delay(Duration::from_secs(3));
-    let trips = client.stats().round_trips;
-    let r = thread::scope(|s| {
-        s.spawn(|| {
-            wait_until("the release to be sent", Duration::from_secs(5), || {
-                client.stats().round_trips > trips
-            });
-            thread::sleep(Duration::from_millis(100)); // the proxy reads it meanwhile
-            proxy.set_delay(Duration::ZERO);
-        });
-        g.unlock()
-    });
+    // Only the release is held back (3 s), on the connection it came on.
+    let latch = b"redisson_unlock_latch:{late:release}";
+    let rule = proxy.add_rule(latch, Fault::DelayRequest(Duration::from_secs(3)), 1);
+    let r = g.unlock();
     assert!(
         r.is_err(),
         "a release delayed past the response timeout errs, got {r:?}"
     );
-    // The pool opens connections on one thread; a handshake that began while
-    // the delay was on holds it up to the connection timeout (500 ms), so
-    // the second hold may need a few tries (well before the copy arrives).
+    proxy.wait_hits(rule, 1, Duration::from_secs(2));
+    let held_back: Vec<String> = proxy
+        .fired_on(rule)
+        .into_iter()
+        .flatten()
+        .map(|a| a.to_string())
+        .collect();
+    assert_eq!(held_back.len(), 1, "the held-back release's connection");
+    // The timed-out release discarded the pooled connections; the pool
+    // opens new ones on one thread, so on a loaded machine the second hold
+    // may need a few tries (well before the copy arrives).
     let until = Instant::now() + Duration::from_millis(1500);
     let g2 = loop {
         match lock.lock() {
@@ -589,13 +559,13 @@ fn late_release_does_not_free_a_later_hold() {
         }
     };
     assert_eq!(lock.hold_count().unwrap(), 1);
-    // The late copy is the release that arrives on a connection opened
-    // before it was sent (a background completion uses a new one).
+    // The late copy is the release that arrives on the connection it was
+    // held back on (a background completion uses another).
     monitor.wait_for(
         "the delayed copy of the release to reach redis",
         |l| {
             is_script_call(l, "redisson_unlock_latch")
-                && Monitor::client_of(l).is_some_and(|a| old_connections.contains(a))
+                && Monitor::client_of(l).is_some_and(|a| held_back.iter().any(|h| h == a))
         },
         1,
     );
