@@ -388,8 +388,49 @@ fn proxy_rig(response_timeout: Duration) -> ProxyRig {
         .sync_replicas(0, Duration::ZERO)
         .build()
         .expect("build client");
-    client.lock("warm").lock().unwrap().unlock().unwrap(); // scripts loaded
+    // Scripts loaded.
+    client.lock("warm").lock().unwrap().unlock().unwrap();
+    // The first hold has the client's process key written, on a thread of
+    // its own and a pooled connection: done before any fault, so that it
+    // does not take the connection the call under test is to be sent on.
+    wait_until(
+        "the client's process key to be written",
+        Duration::from_secs(10),
+        || !srv.cmd(&["KEYS", "redlease_client:*"]).is_empty(),
+    );
     ProxyRig { srv, proxy, client }
+}
+
+/// Makes a call under a proxy fault (`fault(true)` starts it) until its
+/// request was sent: an attempt that failed for want of a connection (a new
+/// one cannot be opened through the fault, e.g. while another thread of the
+/// client holds the idle one) sent nothing, so it is not the case under
+/// test; the fault is lifted and the call made again, 3 times at most.
+/// Returns the result of the attempt that was sent and how long it took.
+fn sent_under_fault<T>(
+    what: &str,
+    lock: &Lock,
+    fault: impl Fn(bool),
+    call: impl Fn(&Lock) -> Result<T, redlease::Error>,
+) -> (Result<T, redlease::Error>, Duration) {
+    for attempt in 1..=3 {
+        fault(true);
+        let (r, took) = timed(|| call(lock));
+        match r {
+            Err(redlease::Error::Pool(e)) => {
+                fault(false);
+                println!("{what}: attempt {attempt} not sent (no connection: {e}); again");
+                // Until the client has a connection to send on again.
+                wait_until(
+                    "the client to answer through the proxy again",
+                    Duration::from_secs(10),
+                    || lock.hold_count().is_ok(),
+                );
+            }
+            r => return (r, took),
+        }
+    }
+    panic!("{what}: 3 attempts were never sent (no connection through the fault)");
 }
 
 /// Scenario 9, stall flavour: the acquire request is held back by the proxy,
@@ -426,8 +467,7 @@ fn stalled_acquire_is_cancelled() {
     ] {
         let outer = reentrant.then(|| lock.lock().expect("outer hold"));
         let mut monitor = Monitor::start(&rig.srv);
-        rig.proxy.stall(true);
-        let (r, took) = timed(|| acquire(&lock));
+        let (r, took) = sent_under_fault(what, &lock, |on| rig.proxy.stall(on), acquire);
         assert!(r.is_err(), "{what}: a stalled acquire must fail, got {r:?}");
         assert_within(what, took, RT + MARGIN);
         thread::sleep(stall); // the fault's duration; undo attempts fail meanwhile
@@ -480,8 +520,11 @@ fn delayed_acquire_is_cancelled() {
     let rig = proxy_rig(RT);
     let lock = rig.client.lock("cancel:delay");
     let mut monitor = Monitor::start(&rig.srv);
-    rig.proxy.set_delay(Duration::from_millis(400));
-    let (r, took) = timed(|| lock.try_lock());
+    let delay = |on: bool| {
+        rig.proxy
+            .set_delay(Duration::from_millis(if on { 400 } else { 0 }))
+    };
+    let (r, took) = sent_under_fault("delayed acquire", &lock, delay, Lock::try_lock);
     assert!(r.is_err(), "a delayed acquire must fail, got {r:?}");
     assert_within("the delayed acquire", took, RT + MARGIN);
     monitor.wait_for(
