@@ -11,8 +11,12 @@
 --            rw_lib.lua)
 -- KEYS: the locks, in the order of the sections.
 -- A generation is compared as written ('g<id>' for the read-write lock).
--- A renewal never shortens a lease (PEXPIRE GT; on a server older than 7.0,
--- which refuses GT, PTTL first). A lease is extended only while the owner's
+-- A renewal never shortens a lease (GT; on a server older than 7.0, which
+-- refuses GT, PTTL first). A lease is set as Redis's clock at the start of
+-- the call plus the lease (PEXPIREAT, the clock read with TIME once per
+-- call): less work for Redis per lock than PEXPIRE, which it rewrites to
+-- PEXPIREAT with a new argument on every call. Where the ACL forbids TIME
+-- or PEXPIREAT, PEXPIRE. A lease is extended only while the owner's
 -- generation field (<owner>:gen, written and removed with the owner field)
 -- carries that generation: a lock that was released, expired or taken over
 -- is never brought back, and a renewal taken for an earlier state of a hold
@@ -31,16 +35,46 @@ local read = redis.call
 if ARGV[1] == '1' then
     read = redis.pcall
 end
--- Whether PEXPIRE takes GT here: unknown until the first lock is extended.
+-- Redis's clock in ms, or nil where the ACL forbids TIME.
+local now
+do
+    local t = redis.pcall('time')
+    if type(t) == 'table' and not t.err then
+        now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    end
+end
+-- How a section's locks are extended: the command and its time argument.
+local function extension(lease)
+    if now then
+        return 'pexpireat', string.format('%.0f', now + tonumber(lease))
+    end
+    return 'pexpire', lease
+end
+-- Whether the expire commands take GT here (Redis 7 and later): unknown
+-- until the first lock is extended, which finds out.
 local gt
-local function extend_slow(key, lease)
+-- Extends a lock's lease while GT is not known to work: the first lock
+-- finds out (with PEXPIREAT refused by the ACL, PEXPIRE from then on);
+-- without GT, the TTL is read first. Returns the command and time argument
+-- to go on with.
+local function extend_slow(key, lease, cmd, when)
     if gt == nil then
-        gt = type(redis.pcall('pexpire', key, lease, 'gt')) == 'number'
-        if gt then
-            return
+        if type(redis.pcall(cmd, key, when, 'gt')) == 'number' then
+            gt = true
+            return cmd, when
         end
+        if cmd == 'pexpireat' then
+            now = nil
+            cmd, when = 'pexpire', lease
+            if type(redis.pcall(cmd, key, when, 'gt')) == 'number' then
+                gt = true
+                return cmd, when
+            end
+        end
+        gt = false
     end
     redis.call('pexpire', key, math.max(redis.call('pttl', key), tonumber(lease)))
+    return cmd, when
 end
 local out = {}
 local a = 2
@@ -48,6 +82,7 @@ local i = 0
 while a <= #ARGV do
     local lease, n, mode, owner = ARGV[a], tonumber(ARGV[a + 1]), ARGV[a + 2], ARGV[a + 3]
     a = a + 4
+    local cmd, when = extension(lease)
     if mode == 'f' then
         local field = owner .. ':gen'
         for _ = 1, n do
@@ -56,9 +91,9 @@ while a <= #ARGV do
             local gen = read('hget', key, field)
             if gen == ARGV[a] then
                 if gt then
-                    redis.call('pexpire', key, lease, 'gt')
+                    redis.call(cmd, key, when, 'gt')
                 else
-                    extend_slow(key, lease)
+                    cmd, when = extend_slow(key, lease, cmd, when)
                 end
             else
                 out[#out + 1] = i
@@ -73,9 +108,9 @@ while a <= #ARGV do
             local gen = read('hget', key, owner .. ARGV[a] .. ':gen')
             if gen == ARGV[a + 1] then
                 if gt then
-                    redis.call('pexpire', key, lease, 'gt')
+                    redis.call(cmd, key, when, 'gt')
                 else
-                    extend_slow(key, lease)
+                    cmd, when = extend_slow(key, lease, cmd, when)
                 end
             else
                 out[#out + 1] = i

@@ -18,7 +18,7 @@ pub(crate) const LOCKER_RULE: &str = "on >lockpw resetkeys ~orders:* ~redisson_l
     ~redisson_unlock_latch:* ~redlease_acquire_cancel:* ~redlease_force_unlock_latch:* \
     ~redlease_waiting:* ~redlease_client:* resetchannels &redisson_lock__channel:* \
     &redlease_wake:* -@all +eval +evalsha +exists +get +set +del +hset +hget +hmget +hexists \
-    +hdel +pexpire +pttl +time +zadd +zrem +zcard +zpopmin +pubsub|numsub +publish +subscribe \
+    +hdel +pexpire +pexpireat +pttl +time +zadd +zrem +zcard +zpopmin +pubsub|numsub +publish +subscribe \
     +unsubscribe +ping +role +wait";
 
 pub(crate) fn acl(srv: &RedisServer, user: &str, rule: &str) {
@@ -106,6 +106,56 @@ fn readme_acl_rule_runs_every_operation() {
         .unwrap();
     assert!(b.lock("orders:2").force_unlock().unwrap());
     assert!(!a.lock("orders:2").is_locked().unwrap());
+}
+
+/// Renewals as a user whose rule lacks `+pexpireat` (a rule written before
+/// renewals used it) or `+time`: each lock's lease is still renewed, with
+/// `PEXPIRE … GT` (no `PTTL` read first), and no command is refused.
+#[test]
+fn renewals_work_without_time_or_pexpireat() {
+    let srv = RedisServer::start();
+    for (user, missing) in [("noat", "+pexpireat"), ("notime", "+time")] {
+        acl(
+            &srv,
+            user,
+            &LOCKER_RULE
+                .replace(">lockpw", ">pw")
+                .replace(&format!("{missing} "), ""),
+        );
+        let client = Client::builder(url_as(&srv, user, "pw"))
+            .watchdog_timeout(Duration::from_millis(900))
+            .build()
+            .expect("the user connects");
+        let mut monitor = crate::faults_common::Monitor::start(&srv);
+        let g = client.lock("orders:renewed").lock().unwrap();
+        // Three leases long: renewed, or lost.
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_millis(2700) {
+            thread::sleep(Duration::from_millis(100));
+            g.ensure_held()
+                .unwrap_or_else(|e| panic!("renewed as a user without {missing}: {e}"));
+        }
+        let renewals = client.stats().renewals;
+        assert!(renewals >= 2, "{user}: {renewals} renewals");
+        let lines = monitor.lines_until_echo(&srv, &format!("end-of-{user}"));
+        let inner: Vec<&String> = lines
+            .iter()
+            .filter(|l| crate::faults_common::Monitor::client_of(l).is_none())
+            .collect();
+        let extended = inner
+            .iter()
+            .filter(|l| l.contains("\"pexpire\" \"orders:renewed\"") && l.contains("\"gt\""))
+            .count();
+        assert!(
+            extended >= 2,
+            "{user}: renewals extend with PEXPIRE GT: {inner:?}"
+        );
+        assert!(
+            !inner.iter().any(|l| l.contains("\"pttl\"")),
+            "{user}: no TTL read: {inner:?}"
+        );
+        g.unlock().unwrap();
+    }
 }
 
 /// A user without the queue's commands (a rule written before the queue of
