@@ -369,6 +369,8 @@ impl State {
 
 impl Inner {
     fn run(self: Arc<Self>) {
+        // The pipelines' buffers, kept from one batch to the next.
+        let mut buffers = Vec::new();
         while let Some((renewals, unsettled, announce)) = self.next_batch() {
             if let Some(announce) = announce {
                 // On a thread of its own: a slow node of the process key
@@ -387,7 +389,7 @@ impl Inner {
                 self.settle(unsettled);
             }
             if !renewals.is_empty() {
-                self.renew(renewals);
+                self.renew(renewals, &mut buffers);
             }
         }
         log::debug!("stopped");
@@ -648,7 +650,7 @@ impl Inner {
         }
     }
 
-    fn renew(&self, mut batch: Vec<Renewal>) {
+    fn renew(&self, mut batch: Vec<Renewal>, buffers: &mut Vec<Vec<u8>>) {
         if batch.iter().any(|r| r.capped) {
             let capped;
             (capped, batch) = batch.into_iter().partition(|r| r.capped);
@@ -658,7 +660,7 @@ impl Inner {
             }
         }
         let sent = Instant::now();
-        let outcomes = self.renew_all(&batch);
+        let outcomes = self.renew_all(&batch, buffers);
         let now = Instant::now();
         let retry = |r: &Renewal| {
             let delay = match r.interval {
@@ -690,6 +692,7 @@ impl Inner {
         let mut bound: Option<(u64, Instant)> = None;
         let mut tick: Option<(Instant, u64)> = None;
         let mut turn: Option<(Duration, Instant)> = None;
+        let mut reserved = false;
         while renewals.len() > 0 {
             touch(
                 renewals.as_slice().iter().take(TOUCH).map(|r| &r.hold),
@@ -797,7 +800,18 @@ impl Inner {
                 };
                 let entries = match bucket.take() {
                     Some((bt, entries)) if bt == t => entries,
-                    _ => schedule.entry(t).or_default(),
+                    _ => {
+                        let entries = schedule.entry(t).or_default();
+                        if !reserved {
+                            // Usually the whole batch goes to one bucket (one
+                            // interval): room for it at once, rather than
+                            // copies at every doubling. Once a batch, so
+                            // that many intervals cannot each take as much.
+                            entries.reserve(size);
+                            reserved = true;
+                        }
+                        entries
+                    }
                 };
                 *sched = Sched::Queued((t, entries.len()));
                 drop(sched);
@@ -869,8 +883,9 @@ impl Inner {
     /// slots. A script Redis did not run where it was sent (its script cache
     /// was lost, its slot moved or is moving, the node is busy) is run once
     /// more on its own through the router, which follows the redirection.
-    /// `None` for a lock whose renewal failed.
-    fn renew_all(&self, batch: &[Renewal]) -> Vec<Option<Outcome>> {
+    /// `None` for a lock whose renewal failed. The pipelines are encoded
+    /// into `buffers` (those of earlier batches), which get them back.
+    fn renew_all(&self, batch: &[Renewal], buffers: &mut Vec<Vec<u8>>) -> Vec<Option<Outcome>> {
         self.counters.batches.fetch_add(1, Ordering::Relaxed);
         let mut outcomes: Vec<Option<Outcome>> = batch.iter().map(|_| None).collect();
         let mut groups = self
@@ -882,7 +897,17 @@ impl Inner {
         let jobs: Vec<Job<'_>> = groups
             .iter()
             .map(|g| {
-                let mut packed = Vec::new();
+                // A buffer of an earlier batch (its pages already mapped),
+                // with the whole pipeline's room: grown chunk by chunk, it
+                // would be copied again at every doubling. One far larger
+                // than needed (after many locks were released) is let go.
+                let room: usize = g.chunks.iter().map(|c| packed_room(c.len(), 1)).sum();
+                let mut packed = buffers.pop().unwrap_or_default();
+                if packed.capacity() > 4 * room.max(1 << 16) {
+                    packed = Vec::new();
+                }
+                packed.clear();
+                packed.reserve(room);
                 for chunk in &g.chunks {
                     pack_renewal(&mut packed, batch, chunk);
                 }
@@ -897,6 +922,7 @@ impl Inner {
             .round_trips
             .fetch_add(jobs.len() as u64, Ordering::Relaxed);
         let results = fan_out(&jobs);
+        buffers.extend(jobs.into_iter().map(|j| j.packed));
         // Once a renewal run again on its own fails, the others wait for
         // the next try (soon): one bad node must not cost this thread a
         // response timeout per redirected chunk.
@@ -1354,15 +1380,20 @@ impl RenewalWrite for redis::Cmd {}
 /// not a hash); a batch's pipeline is encoded by [`pack_renewal`].
 fn renew_command(batch: &[Renewal], chunk: &[usize], eval: bool, careful: bool) -> redis::Cmd {
     let sections = sections(batch, chunk);
-    // An estimate (names of some 50 bytes): measuring each would read every
-    // hold once more.
-    let size = chunk.len() * 80 + sections.len() * 64;
+    let size = packed_room(chunk.len(), sections.len());
     let fill = |cmd: &mut redis::Cmd| write_renewal(cmd, batch, chunk, &sections, careful);
     if eval {
         scripts::RENEW.eval(chunk.len(), size, fill)
     } else {
         scripts::RENEW.evalsha(chunk.len(), size, fill)
     }
+}
+
+/// The room a renewal script call for `locks` locks in `sections` sections
+/// needs, about: an estimate (names of some 50 bytes), as measuring each
+/// would read every hold once more.
+fn packed_room(locks: usize, sections: usize) -> usize {
+    locks * 80 + sections * 64 + 96
 }
 
 /// Appends the renewal script call for the locks at `chunk` (EVALSHA, not
@@ -1379,7 +1410,7 @@ fn pack_renewal(out: &mut Vec<u8>, batch: &[Renewal], chunk: &[usize]) {
             .iter()
             .map(|s| 4 + (s.end - s.start) * s.mode.per_lock())
             .sum::<usize>();
-    out.reserve(chunk.len() * 80 + sections.len() * 64 + 96);
+    out.reserve(packed_room(chunk.len(), sections.len()));
     out.push(b'*');
     push_number(out, args as u64);
     out.extend_from_slice(b"\r\n");
