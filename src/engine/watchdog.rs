@@ -38,7 +38,7 @@
 
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -124,6 +124,10 @@ struct Inner {
     state: Mutex<State>,
     wake: Condvar,
     counters: Counters,
+    /// A renewal found that `PEXPIREAT` cannot be used (the ACL forbids it
+    /// or `TIME`, or the server refuses `GT`): renewals ask for `PEXPIRE`
+    /// from then on (see renew.lua).
+    relative: AtomicBool,
 }
 
 /// The client's handle on the scheduler; stops the thread on drop.
@@ -160,6 +164,7 @@ impl Watchdog {
                 router,
                 on_lost,
                 settle_warned: Mutex::new(Vec::new()),
+                relative: AtomicBool::new(false),
                 state: Mutex::new(State {
                     schedule: BTreeMap::new(),
                     base: Instant::now(),
@@ -390,6 +395,10 @@ impl Inner {
             }
             if !renewals.is_empty() {
                 self.renew(renewals, &mut buffers);
+                if self.state.lock().len == 0 {
+                    // Nothing to renew any more: no buffer kept for it.
+                    buffers = Vec::new();
+                }
             }
         }
         log::debug!("stopped");
@@ -693,6 +702,8 @@ impl Inner {
         let mut tick: Option<(Instant, u64)> = None;
         let mut turn: Option<(Duration, Instant)> = None;
         let mut reserved = false;
+        // Renewals taken out of `renewals` so far.
+        let mut placed = 0usize;
         while renewals.len() > 0 {
             touch(
                 renewals.as_slice().iter().take(TOUCH).map(|r| &r.hold),
@@ -710,6 +721,7 @@ impl Inner {
             } = &mut *st;
             let mut bucket: Option<(u64, &mut Vec<Entry>)> = None;
             for (r, outcome) in renewals.by_ref().take(TOUCH).zip(outcomes.by_ref()) {
+                placed += 1;
                 let (at, mut sched) = match outcome {
                     Some(Outcome::Renewed) => {
                         let until = match bound {
@@ -800,19 +812,19 @@ impl Inner {
                 };
                 let entries = match bucket.take() {
                     Some((bt, entries)) if bt == t => entries,
-                    _ => {
-                        let entries = schedule.entry(t).or_default();
-                        if !reserved {
-                            // Usually the whole batch goes to one bucket (one
-                            // interval): room for it at once, rather than
-                            // copies at every doubling. Once a batch, so
-                            // that many intervals cannot each take as much.
-                            entries.reserve(size);
-                            reserved = true;
-                        }
-                        entries
-                    }
+                    _ => schedule.entry(t).or_default(),
                 };
+                if !reserved && entries.len() >= TOUCH && entries.len() == entries.capacity() {
+                    // Usually most of a batch goes to one bucket (one
+                    // interval): the first bucket to fill up with some
+                    // entries gets room for the rest of the batch at once,
+                    // rather than copies at every doubling. Not one that a
+                    // few renewals go to (retries, another interval), and
+                    // once a batch, so that many intervals cannot each
+                    // take as much.
+                    entries.reserve(size - placed + 1);
+                    reserved = true;
+                }
                 *sched = Sched::Queued((t, entries.len()));
                 drop(sched);
                 entries.push(Entry {
@@ -909,7 +921,7 @@ impl Inner {
                 packed.clear();
                 packed.reserve(room);
                 for chunk in &g.chunks {
-                    pack_renewal(&mut packed, batch, chunk);
+                    pack_renewal(&mut packed, batch, chunk, self.flags(false));
                 }
                 Job {
                     redis: &g.node.redis,
@@ -922,6 +934,9 @@ impl Inner {
             .round_trips
             .fetch_add(jobs.len() as u64, Ordering::Relaxed);
         let results = fan_out(&jobs);
+        // This batch's buffers are kept, not those of nodes it did not
+        // renew on.
+        buffers.clear();
         buffers.extend(jobs.into_iter().map(|j| j.packed));
         // Once a renewal run again on its own fails, the others wait for
         // the next try (soon): one bad node must not cost this thread a
@@ -975,7 +990,7 @@ impl Inner {
                                 break;
                             }
                             match self.renew_again(batch, &[i], false) {
-                                Some(v) => match parse_renewal(v, 1) {
+                                Some(v) => match self.parse(v, 1) {
                                     Ok(mut one) => outcomes[i] = one.pop(),
                                     Err(e) => warn_limited!("renewal reply", "{e}; retrying"),
                                 },
@@ -1012,7 +1027,7 @@ impl Inner {
                     }
                     v => v,
                 };
-                match parse_renewal(reply, chunk.len()) {
+                match self.parse(reply, chunk.len()) {
                     Ok(list) => {
                         for (i, o) in chunk.iter().zip(list) {
                             outcomes[*i] = Some(o);
@@ -1041,7 +1056,12 @@ impl Inner {
         }
         let mut pipe = redis::pipe();
         for (k, &i) in missing.iter().enumerate() {
-            pipe.add_command(renew_command(batch, &group.chunks[i], k == 0, false));
+            pipe.add_command(renew_command(
+                batch,
+                &group.chunks[i],
+                k == 0,
+                self.flags(false),
+            ));
         }
         let packed = pipe.get_packed_pipeline();
         self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
@@ -1078,11 +1098,14 @@ impl Inner {
         let key = &batch[*chunk.first()?].hold.name();
         self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
         let result = self.router.run_synced_within(key, Duration::ZERO, |conn| {
-            let mut run = |careful| match renew_command(batch, chunk, false, careful).query(conn) {
-                Err(e) if scripts::is_noscript(&e) => {
-                    renew_command(batch, chunk, true, careful).query(conn)
+            let mut run = |careful| {
+                let flags = self.flags(careful);
+                match renew_command(batch, chunk, false, flags).query(conn) {
+                    Err(e) if scripts::is_noscript(&e) => {
+                        renew_command(batch, chunk, true, flags).query(conn)
+                    }
+                    other => other,
                 }
-                other => other,
             };
             match run(careful) {
                 Err(e) if !careful && wrong_type(e.code().unwrap_or(""), e.detail()) => run(true),
@@ -1100,6 +1123,50 @@ impl Inner {
                 );
                 None
             }
+        }
+    }
+}
+
+impl Inner {
+    /// The renewal script's flags: `careful`, and `PEXPIRE` once found
+    /// needed.
+    fn flags(&self, careful: bool) -> Flags {
+        Flags {
+            careful,
+            relative: self.relative.load(Ordering::Relaxed),
+        }
+    }
+
+    /// [`parse_renewal`], taking note when the script says that
+    /// `PEXPIREAT` cannot be used here.
+    fn parse(&self, reply: redis::Value, n: usize) -> redis::RedisResult<Vec<Outcome>> {
+        let (outcomes, relative) = parse_renewal(reply, n)?;
+        if relative && !self.relative.swap(true, Ordering::Relaxed) {
+            log::info!(
+                "renewals use PEXPIRE: the ACL forbids TIME or PEXPIREAT, or the server \
+                 refuses PEXPIREAT's GT (older than 7.0)"
+            );
+        }
+        Ok(outcomes)
+    }
+}
+
+/// The renewal script's first argument (see renew.lua).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Flags {
+    /// Owner fields read with pcall (a key of the chunk is not a hash).
+    careful: bool,
+    /// Leases extended with `PEXPIRE`, without reading Redis's clock.
+    relative: bool,
+}
+
+impl Flags {
+    fn arg(self) -> &'static [u8] {
+        match (self.careful, self.relative) {
+            (false, false) => b"0",
+            (true, false) => b"1",
+            (false, true) => b"2",
+            (true, true) => b"3",
         }
     }
 }
@@ -1374,14 +1441,13 @@ trait RenewalWrite: redis::RedisWrite {
 
 impl RenewalWrite for redis::Cmd {}
 
-/// The renewal script call for the locks at `chunk` (indices into `batch`);
-/// `careful` reads the owner fields with pcall (a key of the chunk is not a
-/// hash). For a chunk run on its own (a redirection, a reload, a key that is
-/// not a hash); a batch's pipeline is encoded by [`pack_renewal`].
-fn renew_command(batch: &[Renewal], chunk: &[usize], eval: bool, careful: bool) -> redis::Cmd {
+/// The renewal script call for the locks at `chunk` (indices into `batch`),
+/// with `flags`. For a chunk run on its own (a redirection, a reload, a key
+/// that is not a hash); a batch's pipeline is encoded by [`pack_renewal`].
+fn renew_command(batch: &[Renewal], chunk: &[usize], eval: bool, flags: Flags) -> redis::Cmd {
     let sections = sections(batch, chunk);
     let size = packed_room(chunk.len(), sections.len());
-    let fill = |cmd: &mut redis::Cmd| write_renewal(cmd, batch, chunk, &sections, careful);
+    let fill = |cmd: &mut redis::Cmd| write_renewal(cmd, batch, chunk, &sections, flags);
     if eval {
         scripts::RENEW.eval(chunk.len(), size, fill)
     } else {
@@ -1396,14 +1462,14 @@ fn packed_room(locks: usize, sections: usize) -> usize {
     locks * 80 + sections * 64 + 96
 }
 
-/// Appends the renewal script call for the locks at `chunk` (EVALSHA, not
-/// careful) to a pipeline's bytes, encoded as Redis reads it (RESP): the
+/// Appends the renewal script call for the locks at `chunk` (EVALSHA, with
+/// `flags`) to a pipeline's bytes, encoded as Redis reads it (RESP): the
 /// same call as [`renew_command`]'s, with every argument copied once, not
 /// twice (into a `redis::Cmd`, then into the pipeline).
-fn pack_renewal(out: &mut Vec<u8>, batch: &[Renewal], chunk: &[usize]) {
+fn pack_renewal(out: &mut Vec<u8>, batch: &[Renewal], chunk: &[usize], flags: Flags) {
     use redis::{RedisWrite, ToRedisArgs};
     let sections = sections(batch, chunk);
-    // EVALSHA, the SHA, the key count, the keys, `careful`, the sections.
+    // EVALSHA, the SHA, the key count, the keys, the flags, the sections.
     let args = 4
         + chunk.len()
         + sections
@@ -1421,7 +1487,7 @@ fn pack_renewal(out: &mut Vec<u8>, batch: &[Renewal], chunk: &[usize]) {
     packed.write_arg(b"EVALSHA");
     packed.write_arg(scripts::RENEW.sha().as_bytes());
     chunk.len().write_redis_args(&mut packed);
-    write_renewal(&mut packed, batch, chunk, &sections, false);
+    write_renewal(&mut packed, batch, chunk, &sections, flags);
 }
 
 /// The keys and arguments of a renewal script call (see renew.lua).
@@ -1430,7 +1496,7 @@ fn write_renewal<W: RenewalWrite>(
     batch: &[Renewal],
     chunk: &[usize],
     sections: &[Section],
-    careful: bool,
+    flags: Flags,
 ) {
     use redis::ToRedisArgs;
     for block in chunk.chunks(TOUCH) {
@@ -1439,7 +1505,7 @@ fn write_renewal<W: RenewalWrite>(
             w.write_key(&batch[i].hold);
         }
     }
-    w.write_arg(if careful { b"1" } else { b"0" });
+    w.write_arg(flags.arg());
     for sec in sections {
         let first = &batch[chunk[sec.start]];
         let (prefix, _) = split_owner(first.hold.field());
@@ -1573,16 +1639,23 @@ fn push_number(out: &mut Vec<u8>, n: u64) {
     }
 }
 
-/// What the renewal script says of each of its `n` locks.
-fn parse_renewal(reply: redis::Value, n: usize) -> redis::RedisResult<Vec<Outcome>> {
+/// What the renewal script says of each of its `n` locks, and whether it
+/// says that `PEXPIREAT` cannot be used on its server.
+fn parse_renewal(reply: redis::Value, n: usize) -> redis::RedisResult<(Vec<Outcome>, bool)> {
     let redis::Value::Array(pairs) = reply else {
         return Err(bad_reply("renewal reply is not a list"));
     };
     let mut outcomes: Vec<Outcome> = (0..n).map(|_| Outcome::Renewed).collect();
+    let mut relative = false;
     for pair in pairs.chunks(2) {
         let [redis::Value::Int(i), code] = pair else {
             return Err(bad_reply("renewal reply is not a list of pairs"));
         };
+        if *i == 0 {
+            // Not a lock: PEXPIREAT cannot be used here.
+            relative = true;
+            continue;
+        }
         // 1-based position within the chunk.
         let Some(slot) = usize::try_from(*i)
             .ok()
@@ -1602,7 +1675,7 @@ fn parse_renewal(reply: redis::Value, n: usize) -> redis::RedisResult<Vec<Outcom
             _ => return Err(bad_reply("renewal reply has an unknown code")),
         };
     }
-    Ok(outcomes)
+    Ok((outcomes, relative))
 }
 
 fn bad_reply(what: &'static str) -> redis::RedisError {
@@ -1613,6 +1686,23 @@ fn bad_reply(what: &'static str) -> redis::RedisError {
 mod tests {
     use super::*;
     use crate::scripts::LockRef;
+
+    #[test]
+    fn the_scripts_note_is_not_a_lock() {
+        use redis::Value::{Array, BulkString, Int};
+        let reply = Array(vec![
+            Int(2),
+            Int(0),
+            Int(0),
+            BulkString(b"pexpire".to_vec()),
+        ]);
+        let (outcomes, relative) = parse_renewal(reply, 2).unwrap();
+        assert_eq!(outcomes, vec![Outcome::Renewed, Outcome::Gone]);
+        assert!(relative, "the note says PEXPIREAT cannot be used");
+        let (outcomes, relative) = parse_renewal(Array(vec![]), 1).unwrap();
+        assert_eq!(outcomes, vec![Outcome::Renewed]);
+        assert!(!relative);
+    }
 
     #[test]
     fn one_owners_chunk_is_one_section_either_way() {
@@ -1730,14 +1820,20 @@ mod tests {
             modes.contains('f') && modes.contains('e') && modes.contains('r'),
             "every section mode: {modes}"
         );
-        let mut packed = Vec::new();
-        pack_renewal(&mut packed, &batch, &chunk);
-        pack_renewal(&mut packed, &batch, &chunk[..1]);
-        let mut expected = renew_command(&batch, &chunk, false, false).get_packed_command();
-        expected.extend(renew_command(&batch, &chunk[..1], false, false).get_packed_command());
-        assert_eq!(
-            String::from_utf8_lossy(&packed),
-            String::from_utf8_lossy(&expected)
-        );
+        for relative in [false, true] {
+            let flags = Flags {
+                careful: false,
+                relative,
+            };
+            let mut packed = Vec::new();
+            pack_renewal(&mut packed, &batch, &chunk, flags);
+            pack_renewal(&mut packed, &batch, &chunk[..1], flags);
+            let mut expected = renew_command(&batch, &chunk, false, flags).get_packed_command();
+            expected.extend(renew_command(&batch, &chunk[..1], false, flags).get_packed_command());
+            assert_eq!(
+                String::from_utf8_lossy(&packed),
+                String::from_utf8_lossy(&expected)
+            );
+        }
     }
 }

@@ -1,6 +1,8 @@
 -- Renew many leases in one call (the watchdog's batch), of every kind.
--- ARGV[1] '1' to read the owner fields with pcall (the batch run again after
---         one of its keys turned out not to be a hash), else '0'
+-- ARGV[1] flags, as a number: 1 to read the owner fields with pcall (the
+--         batch run again after one of its keys turned out not to be a
+--         hash); 2 to extend with PEXPIRE, not reading the clock (the
+--         client was told to, see below)
 -- ARGV[2..] sections, one after another, each:
 --   lease in ms, n (locks in it), mode, owner:
 --   mode 'f' (one field): owner = the owner field of all n locks;
@@ -15,37 +17,55 @@
 -- refuses GT, PTTL first). A lease is set as Redis's clock at the start of
 -- the call plus the lease (PEXPIREAT, the clock read with TIME once per
 -- call): less work for Redis per lock than PEXPIRE, which it rewrites to
--- PEXPIREAT with a new argument on every call. Where the ACL forbids TIME
--- or PEXPIREAT, PEXPIRE. A lease is extended only while the owner's
--- generation field (<owner>:gen, written and removed with the owner field)
--- carries that generation: a lock that was released, expired or taken over
--- is never brought back, and a renewal taken for an earlier state of a hold
--- (sent before a re-entry, a partial release, or a release and a new
--- acquisition by the same owner) cannot extend the lease that state set. A
+-- PEXPIREAT with a new argument on every call. Where that cannot be (the
+-- ACL forbids TIME or PEXPIREAT, the server refuses GT), PEXPIRE, and the
+-- reply tells the client to ask for PEXPIRE from then on, so that a
+-- refused command is tried once, not on every call (a refusal is counted
+-- in the server's error stats and ACL LOG). A lease is extended only while
+-- the owner's generation field (<owner>:gen, written and removed with the
+-- owner field) carries that generation: a lock that was released, expired
+-- or taken over is never brought back, and a renewal taken for an earlier
+-- state of a hold (sent before a re-entry, a partial release, or a release
+-- and a new acquisition by the same owner) cannot extend the lease that
+-- state set. A
 -- read hold renews its own hold keys (never other readers', so a dead
 -- reader's hold ends), is gone once one of them has expired, and never
 -- shortens the hash's lease (other readers may need longer). A key that is
 -- no longer a hash (overwritten by someone else) fails the call with
--- WRONGTYPE: the caller runs the batch again with ARGV[1] = '1', where it
--- counts as gone for that lock alone.
+-- WRONGTYPE: the caller runs the batch again with flag 1, where it counts
+-- as gone for that lock alone.
 -- Returns a flat array of pairs for the locks not renewed, usually empty:
 -- (1-based position, 0) when the lock is gone (the holder has lost it), or
--- (position, "<generation found>") when the generation differs (stale).
+-- (position, "<generation found>") when the generation differs (stale);
+-- and the pair (0, 'pexpire') when PEXPIREAT could not be used here.
+local flags = tonumber(ARGV[1])
 local read = redis.call
-if ARGV[1] == '1' then
+if flags % 2 == 1 then
     read = redis.pcall
 end
--- Redis's clock in ms, or nil where the ACL forbids TIME.
+-- Redis's clock in ms; nil when asked not to read it, or where the ACL
+-- forbids TIME.
 local now
-do
+-- Told to the client, once PEXPIREAT was found unusable.
+local relative = false
+if flags < 2 then
+    -- A server that replicates scripts verbatim (older than 5.0, or set
+    -- so) allows no write after TIME, unless told to replicate effects.
+    if redis.replicate_commands then
+        pcall(redis.replicate_commands)
+    end
     local t = redis.pcall('time')
     if type(t) == 'table' and not t.err then
         now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    else
+        relative = true
     end
 end
--- How a section's locks are extended: the command and its time argument.
+-- How a section's locks are extended: the command and its time argument
+-- (PEXPIRE for a lease that would end past 2^53 ms, which a Lua number no
+-- longer holds exactly).
 local function extension(lease)
-    if now then
+    if now and now + tonumber(lease) < 9007199254740992 then
         return 'pexpireat', string.format('%.0f', now + tonumber(lease))
     end
     return 'pexpire', lease
@@ -65,6 +85,7 @@ local function extend_slow(key, lease, cmd, when)
         end
         if cmd == 'pexpireat' then
             now = nil
+            relative = true
             cmd, when = 'pexpire', lease
             if type(redis.pcall(cmd, key, when, 'gt')) == 'number' then
                 gt = true
@@ -154,5 +175,9 @@ while a <= #ARGV do
             a = a + 3
         end
     end
+end
+if relative then
+    out[#out + 1] = 0
+    out[#out + 1] = 'pexpire'
 end
 return out

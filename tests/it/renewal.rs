@@ -45,8 +45,9 @@ fn run(
     cmd.query(conn)
 }
 
-/// The (position, code) pairs of a reply, codes as text ("0" for gone).
-fn pairs(reply: Vec<redis::Value>) -> Vec<(i64, String)> {
+/// The (position, code) pairs of a reply, codes as text ("0" for gone),
+/// with the script's note (0, "pexpire") if any.
+fn all_pairs(reply: Vec<redis::Value>) -> Vec<(i64, String)> {
     reply
         .chunks(2)
         .map(|p| match p {
@@ -59,6 +60,18 @@ fn pairs(reply: Vec<redis::Value>) -> Vec<(i64, String)> {
         .collect()
 }
 
+/// [`all_pairs`] of the locks alone.
+fn pairs(reply: Vec<redis::Value>) -> Vec<(i64, String)> {
+    let mut pairs = all_pairs(reply);
+    pairs.retain(|(i, _)| *i != 0);
+    pairs
+}
+
+/// The note that PEXPIREAT cannot be used here.
+fn note() -> (i64, String) {
+    (0, "pexpire".to_owned())
+}
+
 /// The same checks on the script as shipped and on one whose `GT` Redis
 /// refuses (as a server older than 7.0 does).
 fn both_paths(mut check: impl FnMut(&str)) {
@@ -66,6 +79,67 @@ fn both_paths(mut check: impl FnMut(&str)) {
     let old_server = RENEW_LUA.replace("'gt'", "'not-an-option'");
     assert_ne!(old_server, RENEW_LUA, "renew.lua no longer asks for GT");
     check(&old_server);
+}
+
+/// Calls and refused calls of `cmd` since the last `CONFIG RESETSTAT`
+/// (INFO commandstats; none when it has no line).
+pub(crate) fn cmdstat(srv: &RedisServer, cmd: &str) -> (u64, u64) {
+    let text = srv.cmd(&["INFO", "commandstats"]);
+    let Some(line) = text
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:")))
+    else {
+        return (0, 0);
+    };
+    let field = |name: &str| {
+        line.split(',')
+            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+            .map_or(0, |v| v.parse().expect("a count"))
+    };
+    (field("calls"), field("rejected_calls"))
+}
+
+/// Flags 0: one `TIME` per call and `PEXPIREAT` per lock; flags 2 (the
+/// client was told `PEXPIREAT` cannot be used): `PEXPIRE`, no `TIME`. The
+/// same lease either way, and no note in the reply.
+#[test]
+fn the_relative_flag_extends_with_pexpire_and_reads_no_clock() {
+    let srv = RedisServer::start();
+    let mut conn = srv.conn();
+    let owner1 = format!("{OWNER}1");
+    for (flags, time, pexpireat, pexpire) in [("0", 1, 2, 0), ("2", 0, 0, 2)] {
+        held(&mut conn, "r1", "1", "10", 1_000);
+        held(&mut conn, "r2", "1", "11", 1_000);
+        assert_eq!(srv.cmd(&["CONFIG", "RESETSTAT"]), "OK");
+        let reply = run(
+            &mut conn,
+            RENEW_LUA,
+            &["r1", "r2"],
+            &[flags, "20000", "2", "f", &owner1, "10", "11"],
+        )
+        .expect("renewal script");
+        assert_eq!(
+            all_pairs(reply),
+            vec![],
+            "flags {flags}: all renewed, no note"
+        );
+        for k in ["r1", "r2"] {
+            let ms = pttl(&mut conn, k);
+            assert!(
+                (10_001..=20_000).contains(&ms),
+                "flags {flags}: {k} PTTL {ms}"
+            );
+        }
+        assert_eq!(
+            (
+                cmdstat(&srv, "time").0,
+                cmdstat(&srv, "pexpireat").0,
+                cmdstat(&srv, "pexpire").0
+            ),
+            (time, pexpireat, pexpire),
+            "flags {flags}: TIME, PEXPIREAT and PEXPIRE calls"
+        );
+    }
 }
 
 #[test]
@@ -105,15 +179,17 @@ fn sections_renew_matching_generations_and_report_the_rest_by_position() {
             ],
         )
         .expect("renewal script");
-        assert_eq!(
-            pairs(reply),
-            vec![
-                (2, "99".to_owned()),
-                (3, "0".to_owned()),
-                (5, "0".to_owned())
-            ],
-            "renewal outcomes by position"
-        );
+        let mut want = vec![
+            (2, "99".to_owned()),
+            (3, "0".to_owned()),
+            (5, "0".to_owned()),
+        ];
+        // A server that refuses GT takes PEXPIREAT no more than PEXPIRE:
+        // the client is told to ask for PEXPIRE.
+        if script != RENEW_LUA {
+            want.push(note());
+        }
+        assert_eq!(all_pairs(reply), want, "renewal outcomes by position");
         // Renewed to the 20 s lease, not beyond it.
         for k in ["k1", "k4"] {
             let ms = pttl(&mut conn, k);
