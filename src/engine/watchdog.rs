@@ -1125,9 +1125,7 @@ impl Inner {
             }
         }
     }
-}
 
-impl Inner {
     /// The renewal script's flags: `careful`, and `PEXPIRE` once found
     /// needed.
     fn flags(&self, careful: bool) -> Flags {
