@@ -27,13 +27,12 @@
 -- or taken over is never brought back, and a renewal taken for an earlier
 -- state of a hold (sent before a re-entry, a partial release, or a release
 -- and a new acquisition by the same owner) cannot extend the lease that
--- state set. A
--- read hold renews its own hold keys (never other readers', so a dead
--- reader's hold ends), is gone once one of them has expired, and never
--- shortens the hash's lease (other readers may need longer). A key that is
--- no longer a hash (overwritten by someone else) fails the call with
--- WRONGTYPE: the caller runs the batch again with flag 1, where it counts
--- as gone for that lock alone.
+-- state set. A read hold renews its own hold keys (never other readers', so
+-- a dead reader's hold ends), is gone once one of them has expired, and
+-- never shortens the hash's lease (other readers may need longer). A key
+-- that is no longer a hash (overwritten by someone else) fails the call
+-- with WRONGTYPE: the caller runs the batch again with flag 1, where it
+-- counts as gone for that lock alone.
 -- Returns a flat array of pairs for the locks not renewed, usually empty:
 -- (1-based position, 0) when the lock is gone (the holder has lost it), or
 -- (position, "<generation found>") when the generation differs (stale);
