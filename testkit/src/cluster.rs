@@ -743,12 +743,7 @@ impl Cluster {
     /// `calls` of `cmdstat_<cmd>` in `INFO commandstats` of `node` (0 if
     /// absent); `cmd` is case-insensitive, subcommands as `cluster|slots`.
     pub fn commandstat_calls(&self, node: &RedisServer, cmd: &str) -> u64 {
-        let prefix = format!("cmdstat_{}:", cmd.to_ascii_lowercase());
-        info_text(node, "commandstats")
-            .lines()
-            .find_map(|l| l.strip_prefix(&prefix))
-            .and_then(|rest| stat_value(rest, "calls"))
-            .unwrap_or(0)
+        node.command_stat(cmd, "calls")
     }
 
     /// `CONFIG RESETSTAT` on every live node (error and command statistics
@@ -1115,6 +1110,20 @@ fn info_text(node: &RedisServer, section: &str) -> String {
             "INFO {section} on port {}: unexpected reply {other:?}",
             node.port()
         ),
+    }
+}
+
+impl RedisServer {
+    /// Field `field` (`calls`, `rejected_calls`, `failed_calls`, ...) of
+    /// `cmdstat_<cmd>` in `INFO commandstats` (0 if the command has no
+    /// line); `cmd` is case-insensitive, subcommands as `cluster|slots`.
+    pub fn command_stat(&self, cmd: &str, field: &str) -> u64 {
+        let prefix = format!("cmdstat_{}:", cmd.to_ascii_lowercase());
+        info_text(self, "commandstats")
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|rest| stat_value(rest, field))
+            .unwrap_or(0)
     }
 }
 

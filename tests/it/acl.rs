@@ -140,7 +140,7 @@ fn renewals_work_without_time_or_pexpireat() {
         }
         let renewals = client.stats().renewals;
         assert!(renewals >= 3, "{user}: {renewals} renewals");
-        let (_, refused) = crate::renewal::cmdstat(&srv, missing);
+        let refused = srv.command_stat(missing, "rejected_calls");
         assert_eq!(
             refused, 1,
             "{user}: {missing} refused in {renewals} renewals"

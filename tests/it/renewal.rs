@@ -81,24 +81,6 @@ fn both_paths(mut check: impl FnMut(&str)) {
     check(&old_server);
 }
 
-/// Calls and refused calls of `cmd` since the last `CONFIG RESETSTAT`
-/// (INFO commandstats; none when it has no line).
-pub(crate) fn cmdstat(srv: &RedisServer, cmd: &str) -> (u64, u64) {
-    let text = srv.cmd(&["INFO", "commandstats"]);
-    let Some(line) = text
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:")))
-    else {
-        return (0, 0);
-    };
-    let field = |name: &str| {
-        line.split(',')
-            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
-            .map_or(0, |v| v.parse().expect("a count"))
-    };
-    (field("calls"), field("rejected_calls"))
-}
-
 /// Flags 0: one `TIME` per call and `PEXPIREAT` per lock; flags 2 (the
 /// client was told `PEXPIREAT` cannot be used): `PEXPIRE`, no `TIME`. The
 /// same lease either way, and no note in the reply.
@@ -132,9 +114,9 @@ fn the_relative_flag_extends_with_pexpire_and_reads_no_clock() {
         }
         assert_eq!(
             (
-                cmdstat(&srv, "time").0,
-                cmdstat(&srv, "pexpireat").0,
-                cmdstat(&srv, "pexpire").0
+                srv.command_stat("time", "calls"),
+                srv.command_stat("pexpireat", "calls"),
+                srv.command_stat("pexpire", "calls")
             ),
             (time, pexpireat, pexpire),
             "flags {flags}: TIME, PEXPIREAT and PEXPIRE calls"
