@@ -67,7 +67,9 @@ end
 -- the script has run, so no waiter can see the lock still held.
 wake_waiters(state[2])
 -- The owner's fields (and the queue's mark) are the only ones a lock hash
--- has: removing them removes the key (as Redisson's DEL does).
-redis.call('hdel', KEYS[1], ARGV[1], ARGV[1] .. ':gen', 'redlease:waiting')
+-- has (an acquisition writes only to a hash that is absent or holds the
+-- acquirer's own field): DEL, as Redisson's release, which costs Redis less
+-- than removing the fields one by one.
+redis.call('del', KEYS[1])
 redis.call('set', KEYS[3], 1, 'px', ARGV[4])
 return 1

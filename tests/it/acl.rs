@@ -338,7 +338,7 @@ fn missing_permissions_are_auth_errors() {
 /// of the same request (same latch, as after a lost reply) is refused the
 /// same way, never told "released" while the lock is still held. Refused at
 /// the publish (the release channel not granted) and at the last command
-/// that removes the owner's fields (`+hdel` not granted). Run on the script
+/// that removes the lock (`+del` not granted). Run on the script
 /// itself, twice with the same keys. (A release that wrote its latch before
 /// its work, to save a call, failed both.)
 #[test]
@@ -347,10 +347,8 @@ fn a_refused_release_leaves_no_answer_for_its_retry() {
     no_channel_user(&srv);
     acl(
         &srv,
-        "nohdel",
-        &LOCKER_RULE
-            .replace(">lockpw", ">pw")
-            .replace(" +hdel ", " "),
+        "nodel",
+        &LOCKER_RULE.replace(">lockpw", ">pw").replace(" +del ", " "),
     );
     let owner = "6f1c2c1e-3b1a-4a51-9a4e-1f2e3d4c5b6a:1";
     let release = redis::Script::new(concat!(
@@ -376,7 +374,7 @@ fn a_refused_release_leaves_no_answer_for_its_retry() {
     let mut admin = admin.get_connection().unwrap();
     // Loaded by a user who may: these may only run it.
     release.prepare_invoke().load(&mut admin).unwrap();
-    for (n, (name, refusal)) in [("nochan", "can't publish"), ("nohdel", "can't run")]
+    for (n, (name, refusal)) in [("nochan", "can't publish"), ("nodel", "can't run")]
         .into_iter()
         .enumerate()
     {

@@ -65,7 +65,7 @@ fn an_uncontended_acquire_and_release_stay_within_their_commands() {
     };
     assert_eq!(
         lua,
-        per_pair(&["exists", "hset", "pexpire", "get", "hmget", "publish", "hdel", "set"]),
+        per_pair(&["exists", "hset", "pexpire", "get", "hmget", "publish", "del", "set"]),
         "commands inside the scripts of {PAIRS} pairs"
     );
     assert_eq!(
