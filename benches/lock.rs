@@ -10,8 +10,10 @@
 //!    EVALSHA of a trivial script (the C client's view of the same limit);
 //!    redlease's own two scripts sent on a raw connection (the floor including
 //!    the scripts' server-side cost, without the library); Redisson's
-//!    classic scripts (no cancel marker, no unlock latch) the same way; and
-//!    the peer of issue 20, a raw non-reentrant lock (`SET NX PX`, Lua
+//!    classic scripts (no cancel marker, no unlock latch) the same way, and
+//!    its current ones (the release with an unlock latch, so that a retry
+//!    after a lost reply is not applied twice: the protection redlease's
+//!    release has), interleaved only; and the peer of issue 20, a raw non-reentrant lock (`SET NX PX`, Lua
 //!    compare-and-delete) on one connection, interleaved only (goal:
 //!    redlease at >= 0.95 of it).
 //! 2. Uncontended `lock()` + drop (watchdog lock: registering with the
@@ -123,7 +125,8 @@ fn timed(rates: &Rates, name: &'static str, iters: u64, mut op: impl FnMut()) ->
 }
 
 /// Redisson's classic RLock scripts (before unlock latches), for comparison:
-/// no cancel marker on acquire, no latch key on release.
+/// no cancel marker on acquire, no latch key on release. Its current acquire
+/// is the same script.
 const CLASSIC_ACQUIRE_LUA: &str = "\
 if (redis.call('exists', KEYS[1]) == 0) or (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then \
     redis.call('hincrby', KEYS[1], ARGV[2], 1); \
@@ -142,6 +145,27 @@ if (counter > 0) then \
 else \
     redis.call('del', KEYS[1]); \
     redis.call('publish', KEYS[2], ARGV[1]); \
+    return 1; \
+end;";
+
+/// Redisson's current RLock release (`unlockInnerAsync`, 3.2x): the answer
+/// is kept in an unlock latch, so that a retry after a lost reply returns it
+/// again rather than applying the release twice.
+const CURRENT_RELEASE_LUA: &str = "\
+local val = redis.call('get', KEYS[3]); \
+if val ~= false then return tonumber(val); end; \
+if (redis.call('hexists', KEYS[1], ARGV[3]) == 0) then \
+    return nil; \
+end; \
+local counter = redis.call('hincrby', KEYS[1], ARGV[3], -1); \
+if (counter > 0) then \
+    redis.call('pexpire', KEYS[1], ARGV[2]); \
+    redis.call('set', KEYS[3], 0, 'px', ARGV[5]); \
+    return 0; \
+else \
+    redis.call('del', KEYS[1]); \
+    redis.call(ARGV[4], KEYS[2], ARGV[1]); \
+    redis.call('set', KEYS[3], 1, 'px', ARGV[5]); \
     return 1; \
 end;";
 
@@ -189,10 +213,20 @@ impl NonReentrant {
     }
 }
 
+/// Whose scripts a [`RawPair`] sends.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Scripts {
+    Redlease,
+    /// Redisson's classic ones.
+    Classic,
+    /// Redisson's current ones (the release with an unlock latch).
+    Current,
+}
+
 /// One raw acquire + release (two EVALSHA round trips on a raw connection),
-/// with redlease's scripts and argument shapes, or Redisson's classic ones.
+/// with redlease's scripts and argument shapes, or Redisson's.
 struct RawPair {
-    classic: bool,
+    scripts: Scripts,
     acquire_sha: String,
     release_sha: String,
     name: String,
@@ -202,14 +236,14 @@ struct RawPair {
 }
 
 impl RawPair {
-    fn new(conn: &mut redis::Connection, name: &str, classic: bool) -> RawPair {
-        let (acquire, release) = if classic {
-            (CLASSIC_ACQUIRE_LUA, CLASSIC_RELEASE_LUA)
-        } else {
-            (ACQUIRE_LUA, RELEASE_LUA)
+    fn new(conn: &mut redis::Connection, name: &str, scripts: Scripts) -> RawPair {
+        let (acquire, release) = match scripts {
+            Scripts::Redlease => (ACQUIRE_LUA, RELEASE_LUA),
+            Scripts::Classic => (CLASSIC_ACQUIRE_LUA, CLASSIC_RELEASE_LUA),
+            Scripts::Current => (CLASSIC_ACQUIRE_LUA, CURRENT_RELEASE_LUA),
         };
         RawPair {
-            classic,
+            scripts,
             acquire_sha: support::script_load(conn, acquire),
             release_sha: support::script_load(conn, release),
             name: name.to_owned(),
@@ -224,21 +258,39 @@ impl RawPair {
         let lease_ms = LEASE.as_millis() as u64;
         let mut acquire = redis::cmd("EVALSHA");
         let mut release = redis::cmd("EVALSHA");
-        if self.classic {
+        if self.scripts != Scripts::Redlease {
             acquire
                 .arg(&self.acquire_sha)
                 .arg(1)
                 .arg(&self.name)
                 .arg(lease_ms)
                 .arg(&self.field);
-            release
-                .arg(&self.release_sha)
-                .arg(2)
-                .arg(&self.name)
-                .arg(&self.channel)
-                .arg(0)
-                .arg(lease_ms)
-                .arg(&self.field);
+            release.arg(&self.release_sha);
+            if self.scripts == Scripts::Classic {
+                release
+                    .arg(2)
+                    .arg(&self.name)
+                    .arg(&self.channel)
+                    .arg(0)
+                    .arg(lease_ms)
+                    .arg(&self.field);
+            } else {
+                // Redisson's latch: the lock's name and a request id.
+                let latch = format!(
+                    "redisson_unlock_latch:{{{}}}:{}:{}",
+                    self.name, self.field, self.n
+                );
+                release
+                    .arg(3)
+                    .arg(&self.name)
+                    .arg(&self.channel)
+                    .arg(latch)
+                    .arg(0)
+                    .arg(lease_ms)
+                    .arg(&self.field)
+                    .arg("publish")
+                    .arg(8000);
+            }
         } else {
             let cancel = format!(
                 "redlease_acquire_cancel:{{{}}}:{}:{}",
@@ -281,8 +333,8 @@ impl RawPair {
 fn bench_redis_limit(c: &mut Criterion, server: &RedisServer, rates: &Rates) {
     let mut conn = server.conn();
     let trivial = support::script_load(&mut conn, TRIVIAL_LUA);
-    let mut pair = RawPair::new(&mut conn, "bench:raw", false);
-    let mut classic = RawPair::new(&mut conn, "bench:raw-classic", true);
+    let mut pair = RawPair::new(&mut conn, "bench:raw", Scripts::Redlease);
+    let mut classic = RawPair::new(&mut conn, "bench:raw-classic", Scripts::Classic);
     let mut group = c.benchmark_group("redis_limit");
     group.throughput(Throughput::Elements(1));
     group.bench_function("ping", |b| {
@@ -808,10 +860,12 @@ fn main() {
         let mut c3 = server.conn();
         let mut c4 = server.conn();
         let mut c5 = server.conn();
+        let mut c6 = server.conn();
         let trivial = support::script_load(&mut c2, TRIVIAL_LUA);
         let mut nonreentrant = NonReentrant::new(&mut c5, "bench:il:nonreentrant");
-        let mut pair = RawPair::new(&mut c3, "bench:il:raw", false);
-        let mut classic = RawPair::new(&mut c4, "bench:il:classic", true);
+        let mut pair = RawPair::new(&mut c3, "bench:il:raw", Scripts::Redlease);
+        let mut classic = RawPair::new(&mut c4, "bench:il:classic", Scripts::Classic);
+        let mut current = RawPair::new(&mut c6, "bench:il:current", Scripts::Current);
         let lock = client.lock("bench:il:redlease");
         let observed = observed.lock("bench:il:observed");
         let mut ping = || redis::cmd("PING").query::<()>(&mut c1).expect("PING");
@@ -824,6 +878,7 @@ fn main() {
         };
         let mut raw = || pair.run(&mut c3);
         let mut classic = || classic.run(&mut c4);
+        let mut current = || current.run(&mut c6);
         let mut nonreentrant = || nonreentrant.run(&mut c5);
         let mut watchdog = || drop(lock.lock().expect("lock"));
         let mut lease = || drop(lock.lock_with_lease(LEASE).expect("lock_with_lease"));
@@ -836,6 +891,7 @@ fn main() {
                 ("evalsha_trivial", &mut evalsha),
                 ("raw_pair", &mut raw),
                 ("classic_pair", &mut classic),
+                ("current_pair", &mut current),
                 ("nonreentrant_pair", &mut nonreentrant),
                 ("watchdog_pair", &mut watchdog),
                 ("lease_pair", &mut lease),
@@ -868,11 +924,11 @@ fn main() {
                     .expect("EVALSHA")
             },
         );
-        let mut pair = RawPair::new(&mut conn, "bench:diag:raw", false);
+        let mut pair = RawPair::new(&mut conn, "bench:diag:raw", Scripts::Redlease);
         diagnose(&server, "raw redlease scripts pair", span, None, || {
             pair.run(&mut conn)
         });
-        let mut classic = RawPair::new(&mut conn, "bench:diag:classic", true);
+        let mut classic = RawPair::new(&mut conn, "bench:diag:classic", Scripts::Classic);
         diagnose(
             &server,
             "raw classic Redisson scripts pair",
@@ -884,7 +940,7 @@ fn main() {
         diagnose(&server, "PING, TCP_NODELAY", span, None, || {
             redis::cmd("PING").query::<()>(&mut nd).expect("PING")
         });
-        let mut pair = RawPair::new(&mut nd, "bench:diag:raw-nodelay", false);
+        let mut pair = RawPair::new(&mut nd, "bench:diag:raw-nodelay", Scripts::Redlease);
         diagnose(
             &server,
             "raw redlease scripts pair, NODELAY",
@@ -991,6 +1047,14 @@ fn main() {
         );
     }
     println!(
+        "SUMMARY: raw scripts | current Redisson scripts (release with an unlock latch), raw connection | interleaved {} pairs/s, ratio {}, vs the non-reentrant peer {}",
+        fmt_rate(round_rate(&rounds, "current_pair")),
+        round_ratio(&rounds, "current_pair", "ping", 0.5)
+            .map_or_else(|| "n/a".to_owned(), |x| format!("{x:.2}")),
+        round_ratio(&rounds, "current_pair", "nonreentrant_pair", 1.0)
+            .map_or_else(|| "n/a".to_owned(), |x| format!("{x:.2}")),
+    );
+    println!(
         "SUMMARY: peer        | raw non-reentrant lock (SET NX PX + Lua compare-and-delete), raw connection | interleaved {} pairs/s, ratio {}",
         fmt_rate(round_rate(&rounds, "nonreentrant_pair")),
         round_ratio(&rounds, "nonreentrant_pair", "ping", 0.5)
@@ -1007,13 +1071,15 @@ fn main() {
         let vs_peer = round_ratio(&rounds, key, "nonreentrant_pair", 1.0);
         println!(
             "SUMMARY: redlease    | {what} | interleaved {} pairs/s, ratio {} (target >= 0.90: {}), vs raw scripts {}, \
-             vs the non-reentrant peer {} (goal >= 0.95: {}) | criterion {} pairs/s, ratio {}, vs raw scripts {}",
+             vs the non-reentrant peer {} (goal >= 0.95: {}), vs current Redisson scripts raw {} | criterion {} pairs/s, \
+             ratio {}, vs raw scripts {}",
             fmt_rate(round_rate(&rounds, key)),
             fmt(il_ratio),
             pass(ok),
             fmt(round_ratio(&rounds, key, "raw_pair", 1.0)),
             fmt(vs_peer),
             pass(vs_peer.is_some_and(|x| x >= 0.95)),
+            fmt(round_ratio(&rounds, key, "current_pair", 1.0)),
             fmt_rate(r),
             fmt_ratio(r, floor),
             fmt_ratio(r, rates.rate("raw_pair"))
