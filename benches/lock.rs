@@ -587,23 +587,26 @@ struct HandoffResult {
     timeouts: u64,
 }
 
-/// One hand-off run; `per_thread_client` gives each waiter its own Client.
+/// One hand-off run; `per_thread_client` gives each waiter its own Client;
+/// `fenced`: of a fenced lock.
 fn handoff(
     server: &RedisServer,
     waiters: usize,
     per_thread_client: bool,
+    fenced: bool,
     warm_up: u64,
     target: usize,
 ) -> HandoffResult {
     let label = format!(
-        "W={waiters} {}",
+        "W={waiters} {}{}",
         if per_thread_client {
             "one Client per thread"
         } else {
             "one shared Client"
-        }
+        },
+        if fenced { ", fenced lock" } else { "" }
     );
-    let name = format!("bench:handoff:{waiters}:{per_thread_client}");
+    let name = format!("bench:handoff:{waiters}:{per_thread_client}:{fenced}");
     let shared_client = (!per_thread_client).then(|| {
         redlease::Client::builder(server.url())
             .pool_size(waiters as u32 + 2)
@@ -634,7 +637,11 @@ fn handoff(
                     Some(c) => c.clone(),
                     None => redlease::Client::open(server.url()).expect("client"),
                 };
-                let lock = client.lock(name.as_str());
+                let lock = if fenced {
+                    client.fenced_lock(name.as_str())
+                } else {
+                    client.lock(name.as_str())
+                };
                 barrier.wait();
                 waiter(h, &lock, me, warm_up, target);
             });
@@ -970,21 +977,27 @@ fn main() {
 
     let (warm_up, target) = if full { (200, 2_500) } else { (20, 50) };
     let mut handoffs = Vec::new();
-    for waiters in [4, 16] {
-        for per_thread in [false, true] {
-            let r = handoff(&server, waiters, per_thread, warm_up, target);
-            println!(
-                "DIAG: hand-off {}: {} samples, {} acquisitions in {:.2} s, {} stalls (no other \
+    // The fenced lock's hand-off inside one client, beside the plain one's.
+    let runs = [
+        (4, false, false),
+        (4, false, true),
+        (4, true, false),
+        (16, false, false),
+        (16, true, false),
+    ];
+    for (waiters, per_thread, fenced) in runs {
+        let r = handoff(&server, waiters, per_thread, fenced, warm_up, target);
+        println!(
+            "DIAG: hand-off {}: {} samples, {} acquisitions in {:.2} s, {} stalls (no other \
                  thread acquired within 1 s of a release), {} acquire timeouts",
-                r.label,
-                r.samples.len(),
-                r.acquisitions,
-                r.elapsed.as_secs_f64(),
-                r.stalls,
-                r.timeouts
-            );
-            handoffs.push(r);
-        }
+            r.label,
+            r.samples.len(),
+            r.acquisitions,
+            r.elapsed.as_secs_f64(),
+            r.stalls,
+            r.timeouts
+        );
+        handoffs.push(r);
     }
 
     let ping = rates.rate("ping");
