@@ -78,6 +78,12 @@ else
     mine = redis.call('hexists', KEYS[1], ARGV[2]) == 1
 end
 if mine then
+    -- A fenced lock's token first: a token key that is not a number fails
+    -- the call here, with nothing of the lock written.
+    local token
+    if fenced then
+        token = redis.call('incr', KEYS[3])
+    end
     if ARGV[7] == 'q' then
         -- Other waiters of this process still wait: it stays queued, and
         -- the hash says so.
@@ -98,8 +104,8 @@ if mine then
             end
         end
     end
-    if fenced then
-        return {redis.call('incr', KEYS[3])}
+    if token then
+        return {token}
     end
     return nil
 end

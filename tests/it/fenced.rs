@@ -50,6 +50,49 @@ fn tokens_grow_with_every_acquisition_and_reentry() {
     assert_eq!(srv.cmd(&["GET", TOKEN_KEY]), t3.to_string());
 }
 
+/// An error's text with its source's (Redis's own message).
+fn detail(err: &redlease::Error) -> String {
+    let source = std::error::Error::source(err).map(ToString::to_string);
+    format!("{err}: {}", source.unwrap_or_default())
+}
+
+/// A token key that is not a number (written by someone else) fails the
+/// acquisition with nothing of the lock written: no hold is left in the
+/// name of a caller told it failed. A re-entry the same way.
+#[test]
+fn a_token_key_that_is_not_a_number_fails_with_nothing_held() {
+    let srv = RedisServer::start();
+    let c = Client::open(srv.url()).expect("client");
+    srv.cmd(&["SET", TOKEN_KEY, "not-a-number"]);
+    let err = c
+        .fenced_lock("ledger")
+        .try_lock()
+        .expect_err("no token to take");
+    assert!(detail(&err).contains("not an integer"), "{err}");
+    assert_eq!(
+        srv.cmd(&["EXISTS", "ledger"]),
+        "0",
+        "nothing held in the name of the failed acquisition"
+    );
+    srv.cmd(&["SET", TOKEN_KEY, "7"]);
+    let g = c.fenced_lock("ledger").lock().expect("lock");
+    assert_eq!(g.token(), Some(8));
+    srv.cmd(&["SET", TOKEN_KEY, "not-a-number"]);
+    let hold = srv.cmd(&["HGETALL", "ledger"]);
+    let err = c
+        .fenced_lock("ledger")
+        .try_lock()
+        .expect_err("no token for the re-entry");
+    assert!(detail(&err).contains("not an integer"), "{err}");
+    assert_eq!(
+        srv.cmd(&["HGETALL", "ledger"]),
+        hold,
+        "the hold is as before"
+    );
+    drop(g);
+    assert_eq!(srv.cmd(&["EXISTS", "ledger"]), "0", "released");
+}
+
 /// Successive holders across 2 clients x 4 threads see strictly growing
 /// tokens.
 #[test]
