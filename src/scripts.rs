@@ -439,6 +439,9 @@ pub(crate) struct Grant<'a> {
     /// The waiter's process's queue entry, to remove when it was the
     /// process's last waiter.
     pub(crate) leave: Option<&'a str>,
+    /// A fenced lock's token key ([`token_name`]): the waiter's
+    /// acquisition takes the next token, which the release returns.
+    pub(crate) token_key: Option<&'a str>,
 }
 
 impl Release<'_> {
@@ -461,6 +464,9 @@ impl Release<'_> {
             cmd.arg(*key);
         }
         if let Some(g) = &self.grant {
+            if let Some(key) = g.token_key {
+                cmd.arg(key);
+            }
             cmd.arg(g.marker);
         }
         cmd.arg(self.lock.field)
@@ -476,9 +482,12 @@ impl Release<'_> {
             cmd.arg(LATE_REQUEST_WINDOW_MS);
         }
         if let Some(g) = &self.grant {
-            cmd.arg(g.field).arg(g.gen).arg(g.lease_ms);
-            if let Some(entry) = g.leave {
-                cmd.arg(entry);
+            cmd.arg(g.field)
+                .arg(g.gen)
+                .arg(g.lease_ms)
+                .arg(g.leave.unwrap_or(""));
+            if g.token_key.is_some() {
+                cmd.arg("f");
             }
         }
     }
@@ -489,7 +498,10 @@ impl Release<'_> {
             Kind::Plain | Kind::Fenced => 1,
             Kind::Read | Kind::Write => 0,
         };
-        3 + extra + self.unsettled.len() + usize::from(self.grant.is_some())
+        let grant = self
+            .grant
+            .map_or(0, |g| 1 + usize::from(g.token_key.is_some()));
+        3 + extra + self.unsettled.len() + grant
     }
 
     fn script(&self) -> &'static Lua {
@@ -500,7 +512,9 @@ impl Release<'_> {
         }
     }
 
-    /// Runs it in one round trip.
+    /// Runs it in one round trip: `None` when the owner's field was gone,
+    /// else the script's code (see release.lua). Not for a release that may
+    /// hand a fenced lock over (see [`run_granting`](Release::run_granting)).
     pub(crate) fn run(
         &self,
         conn: &mut crate::net::transport::Connection,
@@ -508,10 +522,56 @@ impl Release<'_> {
         self.script().run(conn, self.keys(), |cmd| self.fill(cmd))
     }
 
+    /// Runs it in one round trip: the code as [`run`](Release::run)'s, and
+    /// with a fenced lock handed over, the waiter's token.
+    pub(crate) fn run_granting(
+        &self,
+        conn: &mut crate::net::transport::Connection,
+    ) -> RedisResult<ReleaseReply> {
+        ReleaseReply::parse(self.script().run(conn, self.keys(), |cmd| self.fill(cmd))?)
+    }
+
     /// Its EVALSHA command, for a round trip shared with other requests.
     pub(crate) fn command(&self) -> Cmd {
         self.script()
             .evalsha(self.keys(), 512, |cmd| self.fill(cmd))
+    }
+}
+
+/// What release.lua answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ReleaseReply {
+    /// `None` when the owner's field was gone; else 0 (holds remain), 1
+    /// (released) or 2 (handed over).
+    pub(crate) code: Option<i64>,
+    /// A fenced lock handed over: the waiter's token.
+    pub(crate) token: Option<u64>,
+}
+
+impl ReleaseReply {
+    /// Parses the script's reply.
+    pub(crate) fn parse(v: redis::Value) -> RedisResult<ReleaseReply> {
+        let bad = || {
+            redis::RedisError::from((ErrorKind::Parse, "unexpected reply to the release script"))
+        };
+        match v {
+            redis::Value::Nil => Ok(ReleaseReply {
+                code: None,
+                token: None,
+            }),
+            redis::Value::Int(n) => Ok(ReleaseReply {
+                code: Some(n),
+                token: None,
+            }),
+            redis::Value::Array(items) => match items.as_slice() {
+                [redis::Value::Int(2), redis::Value::Int(t)] => Ok(ReleaseReply {
+                    code: Some(2),
+                    token: Some(u64::try_from(*t).map_err(|_| bad())?),
+                }),
+                _ => Err(bad()),
+            },
+            _ => Err(bad()),
+        }
     }
 }
 

@@ -1,9 +1,10 @@
-//! Hand-off inside one client: a reentrant lock's waiter that sleeps for a
-//! wake-up parks an [`Offer`] (an acquisition prepared in its name: owner
-//! field, generation, cancel marker, lease); a thread of the same client
-//! that fully releases the lock claims the longest-parked offer and sends a
-//! release that hands the lock to it (release.lua), so that the waiter
-//! holds the lock when it wakes, with no round trip of its own.
+//! Hand-off inside one client: a reentrant lock's waiter (fenced or not)
+//! that sleeps for a wake-up parks an [`Offer`] (an acquisition prepared in
+//! its name: owner field, generation, cancel marker, lease); a thread of the
+//! same client that fully releases the lock claims the longest-parked offer
+//! and sends a release that hands the lock to it (release.lua; a fenced
+//! lock's waiter gets the next token from it), so that the waiter holds the
+//! lock when it wakes, with no round trip of its own.
 //!
 //! Giving up and being granted are decided under the offer's lock: a
 //! waiter that stops waiting withdraws its offer; if a releaser claimed it
@@ -43,6 +44,9 @@ pub(crate) struct Grants {
 /// thread of the same client may carry out with its release.
 pub(crate) struct Offer {
     pub(crate) name: String,
+    /// The waiter's lock: a reentrant lock, fenced or not (a fenced one's
+    /// hand-off takes the next token for it, whoever releases).
+    pub(crate) kind: Kind,
     pub(crate) channel: String,
     /// The waiter's owner field.
     pub(crate) field: String,
@@ -75,8 +79,8 @@ enum State {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Outcome {
     /// The lock is the waiter's, leased from `sent` (when the release was
-    /// sent) on.
-    Granted { sent: Instant },
+    /// sent) on; a fenced lock's with `token`.
+    Granted { sent: Instant, token: Option<u64> },
     /// Not granted: the release did not take place, or released the lock
     /// and woke whom it wakes without a hand-off (someone else listens).
     /// The waiter sleeps on unless something else woke it.
@@ -96,6 +100,7 @@ impl Offer {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         name: &str,
+        kind: Kind,
         channel: &str,
         field: String,
         marker: String,
@@ -106,6 +111,7 @@ impl Offer {
     ) -> Offer {
         Offer {
             name: name.to_owned(),
+            kind,
             channel: channel.to_owned(),
             field,
             marker,
@@ -126,7 +132,7 @@ impl Offer {
             name: &self.name,
             channel: &self.channel,
             field: &self.field,
-            kind: Kind::Plain,
+            kind: self.kind,
         };
         Unsettled::new(
             lock,

@@ -109,8 +109,9 @@ pub(crate) trait Grantee<T> {
     /// lock's queue), if it may take one now.
     fn offer(&mut self, poker: Poker, wake: &str) -> Option<Offer>;
 
-    /// The offer was granted, leased from `sent`: the waiter's hold.
-    fn granted(&mut self, offer: &Offer, sent: Instant) -> Result<T>;
+    /// The offer was granted, leased from `sent` (a fenced lock's with
+    /// `token`): the waiter's hold.
+    fn granted(&mut self, offer: &Offer, sent: Instant, token: Option<u64>) -> Result<T>;
 }
 
 /// A waiter's process's place in a reentrant lock's queue: the queue's key
@@ -308,9 +309,9 @@ impl Waiters<'_> {
                         sub.unpoke();
                     }
                     match outcome {
-                        Some(Outcome::Granted { sent }) => {
+                        Some(Outcome::Granted { sent, token }) => {
                             if let Some(g) = grantee.as_deref_mut() {
-                                let got = g.granted(&o, sent)?;
+                                let got = g.granted(&o, sent, token)?;
                                 acquired(true);
                                 return Ok(Some(got));
                             }

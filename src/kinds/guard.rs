@@ -14,7 +14,7 @@ use crate::engine::unsettled::{keys, Lost, Unsettled};
 use crate::error::{Error, Result};
 use crate::kinds::lockable::lease_guard_by_inherent;
 use crate::net::pool::Synced;
-use crate::scripts::{self, Kind};
+use crate::scripts::{self, Kind, ReleaseReply};
 use crate::time::warn_limited;
 
 /// A held lock. Dropping it releases one hold (the lock is free once every
@@ -255,17 +255,27 @@ impl Held {
         match self.begin_release() {
             Release::Done(r) => r,
             Release::Send(mut step) => {
-                // A full release of a reentrant lock that another thread of
-                // this client waits for hands it over (engine/grants.rs).
-                if step.request.left == 0 && !step.expired && self.hold.kind == Kind::Plain {
+                // A full release of a reentrant lock (fenced or not) that
+                // another thread of this client waits for hands it over
+                // (engine/grants.rs).
+                if step.request.left == 0
+                    && !step.expired
+                    && matches!(self.hold.kind, Kind::Plain | Kind::Fenced)
+                {
                     step.request.grant = self.shared.grants.claim(self.hold.name());
                 }
-                let reply = self.send_release(&step.request);
+                if step.request.grant.is_none() {
+                    let reply = self.send_release(&step.request);
+                    return self.end_release(step, reply);
+                }
+                let reply = self.send_release_granting(&step.request);
                 // At once: the waiter's wait is bounded by this round trip
                 // alone, not by what follows (an event handler's code).
                 if let Some(claim) = step.request.grant.take() {
-                    claim.decide(grant_outcome(&reply, step.request.sent));
+                    let fenced = claim.offer().kind == Kind::Fenced;
+                    claim.decide(grant_outcome(&reply, step.request.sent, fenced));
                 }
+                let reply = reply.map(|(r, synced)| (r.code, synced));
                 self.end_release(step, reply)
             }
         }
@@ -402,11 +412,16 @@ impl Held {
     /// The release script command of `r` (EVALSHA), for a round trip
     /// shared with other requests.
     pub(crate) fn release_command(&self, r: &ReleaseRequest) -> redis::Cmd {
-        self.release_script(r).command()
+        self.release_script(r, None).command()
     }
 
-    /// The release script's request for `r`.
-    fn release_script<'a>(&'a self, r: &'a ReleaseRequest) -> scripts::Release<'a> {
+    /// The release script's request for `r` (`token_key`: a fenced lock's,
+    /// for a hand-off).
+    fn release_script<'a>(
+        &'a self,
+        r: &'a ReleaseRequest,
+        token_key: Option<&'a str>,
+    ) -> scripts::Release<'a> {
         let shared = &self.shared;
         scripts::Release {
             lock: self.hold.lock_ref(),
@@ -426,6 +441,7 @@ impl Held {
                     gen: o.n,
                     lease_ms: o.lease_ms,
                     leave: c.last().then_some(o.wake.as_str()),
+                    token_key,
                 }
             }),
         }
@@ -437,10 +453,27 @@ impl Held {
         let hold = &self.hold;
         // A release fewer replicas confirmed is still done on the master: at
         // worst a failover brings the lock back until its lease runs out.
-        let script = self.release_script(r);
+        let script = self.release_script(r, None);
         shared
             .router
             .run_synced(hold.name(), |conn| script.run(conn))
+    }
+
+    /// Sends `r`, which may hand the lock to the waiter it claimed, on its
+    /// own (one round trip, routed): with the lock handed to a fenced lock's
+    /// waiter (whatever kind the releaser's is: the two share the hash),
+    /// the waiter's token comes back.
+    fn send_release_granting(&self, r: &ReleaseRequest) -> Result<(ReleaseReply, Synced)> {
+        let hold = &self.hold;
+        let token_key = r
+            .grant
+            .as_ref()
+            .filter(|c| c.offer().kind == Kind::Fenced)
+            .map(|_| scripts::token_name(hold.name()));
+        let script = self.release_script(r, token_key.as_deref());
+        self.shared
+            .router
+            .run_synced(hold.name(), |conn| script.run_granting(conn))
     }
 
     /// Records the outcome of release `r` on the hold. A release that did
@@ -508,14 +541,32 @@ pub(crate) struct ReleaseRequest {
 /// granted only on Redis's word (and, with replica sync, the replicas'),
 /// missed when the releaser held nothing any more, declined when Redis
 /// released as usual or never got it (a release settled later wakes as
-/// usual), unknown when it may have run.
-fn grant_outcome(reply: &Result<(Option<i64>, Synced)>, sent: Instant) -> Outcome {
+/// usual), unknown when it may have run. A fenced lock is granted only with
+/// the waiter's token (a release run again after a lost reply answers
+/// without it: unknown, then).
+fn grant_outcome(reply: &Result<(ReleaseReply, Synced)>, sent: Instant, fenced: bool) -> Outcome {
     match reply {
-        Ok((Some(2), Synced::No { .. })) => Outcome::Unknown { sent },
-        Ok((Some(2), _)) => Outcome::Granted { sent },
+        Ok((ReleaseReply { code: Some(2), .. }, Synced::No { .. })) => Outcome::Unknown { sent },
+        Ok((
+            ReleaseReply {
+                code: Some(2),
+                token,
+            },
+            _,
+        )) if fenced && token.is_none() => Outcome::Unknown { sent },
+        Ok((
+            ReleaseReply {
+                code: Some(2),
+                token,
+            },
+            _,
+        )) => Outcome::Granted {
+            sent,
+            token: *token,
+        },
         // Not held any more (lease ran out, deleted): the lock may be free
         // and nobody was told.
-        Ok((None, _)) => Outcome::Missed,
+        Ok((ReleaseReply { code: None, .. }, _)) => Outcome::Missed,
         Ok(_) => Outcome::Declined,
         Err(e) if e.maybe_applied() => Outcome::Unknown { sent },
         Err(_) => Outcome::Declined,

@@ -609,7 +609,7 @@ impl Lock {
         }
         let waiters = self.waiters();
         let try_once = |q: Option<&Queued>| self.attempt_synced(terms, q);
-        if self.kind == Kind::Plain && !self.owned {
+        if matches!(self.kind, Kind::Plain | Kind::Fenced) && !self.owned {
             // A release by another thread of this client may hand it over.
             let mut grantee = Grantee { lock: self, terms };
             waiters.acquire_with(wait.deadline(), try_once, Some(&mut grantee))
@@ -961,8 +961,9 @@ impl Lock {
     }
 }
 
-/// A reentrant lock's waiter, to which a release by another thread of its
-/// client may hand the lock (engine/grants.rs): only a first acquisition
+/// A reentrant lock's waiter (fenced or not), to which a release by another
+/// thread of its client may hand the lock (engine/grants.rs): only a first
+/// acquisition
 /// with nothing unsettled (a re-entry does not wait; an unsettled request
 /// goes out with the waiter's own next try).
 struct Grantee<'a> {
@@ -983,6 +984,7 @@ impl crate::engine::waiting::Grantee<LockGuard> for Grantee<'_> {
         let marker = scripts::acquire_cancel_name(&lock.name, &field, n);
         Some(Offer::new(
             &lock.name,
+            lock.kind,
             &lock.channel,
             field,
             marker,
@@ -993,7 +995,7 @@ impl crate::engine::waiting::Grantee<LockGuard> for Grantee<'_> {
         ))
     }
 
-    fn granted(&mut self, offer: &Offer, sent: Instant) -> Result<LockGuard> {
+    fn granted(&mut self, offer: &Offer, sent: Instant, token: Option<u64>) -> Result<LockGuard> {
         let lock = self.lock;
         let lock_ref = LockRef {
             name: &lock.name,
@@ -1002,7 +1004,7 @@ impl crate::engine::waiting::Grantee<LockGuard> for Grantee<'_> {
             kind: lock.kind,
         };
         let hold = lock.new_hold(self.terms, lock_ref, sent, offer.lease_ms, offer.n);
-        lock.guard(self.terms, hold, None)
+        lock.guard(self.terms, hold, token)
     }
 }
 

@@ -5,6 +5,7 @@
 local FIRST_UNSETTLED = 7
 local LAST_UNSETTLED = #KEYS
 -- A fair lock's release never hands it over (the line decides who is next).
+local GRANT_TOKEN
 local function grant_allowed()
     return false
 end

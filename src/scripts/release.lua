@@ -17,7 +17,9 @@
 --         (see release_plain.lua)
 -- Returns nil when the field is gone (not held: expired or deleted), 0 when
 -- holds remain, 1 when the lock was deleted and its waiters told, 2 when it
--- was handed to the waiter of ARGV[8] (nobody is told: it is still held).
+-- was handed to the waiter of ARGV[8] (nobody is told: it is still held;
+-- {2, token} for a fenced lock's waiter, see release_plain.lua; a retry
+-- answers 2).
 -- A retry or a late copy of the same request (same latch) returns the first
 -- answer again, "not held" included, so a release whose reply was lost is
 -- never applied twice nor reported "not held", and a copy that arrives after
@@ -50,16 +52,28 @@ if not state[1] then
     redis.call('set', KEYS[3], 'n', 'px', ARGV[4])
     return nil
 end
-if grant_allowed() then
+local grant = grant_allowed()
+-- A fenced lock's waiter takes the next token, before anything is handed
+-- over: where that fails (the token key is not a number), the lock is
+-- released as usual.
+local token
+if grant and GRANT_TOKEN then
+    token = redis.pcall('incr', GRANT_TOKEN)
+    grant = type(token) == 'number'
+end
+if grant then
     -- The releasing owner's fields go; the waiter's come, with its lease
     -- (the queue's mark stays: queued processes still wait).
     redis.call('hdel', KEYS[1], ARGV[1], ARGV[1] .. ':gen')
     redis.call('hset', KEYS[1], ARGV[8], 1, ARGV[8] .. ':gen', ARGV[9])
     redis.call('pexpire', KEYS[1], ARGV[10])
-    if ARGV[11] then
+    if ARGV[11] ~= '' then
         redis.pcall('zrem', KEYS[4], ARGV[11])
     end
     redis.call('set', KEYS[3], 2, 'px', ARGV[4])
+    if token then
+        return {2, token}
+    end
     return 2
 end
 -- Publish before deleting: a user whose ACL lacks the channel stops the

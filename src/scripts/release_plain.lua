@@ -8,12 +8,20 @@
 -- ARGV[8] the waiter's owner field   ARGV[9] its generation (request id)
 -- ARGV[10] its lease in ms
 -- ARGV[11] if it was its process's last waiter: its process's entry in the
---          queue, which leaves it (as acquire.lua's 'l')
+--          queue, which leaves it (as acquire.lua's 'l'); else ''
+-- ARGV[12] 'f' for a fenced lock: the key before the last is its token key
+--          (acquire.lua's KEYS[3]), incremented for the waiter
 -- and, as the last key, the waiter's cancel marker.
 local FIRST_UNSETTLED = 5
 local LAST_UNSETTLED = #KEYS
+-- A fenced lock's token key, when the lock may be handed over.
+local GRANT_TOKEN
 if ARGV[8] then
     LAST_UNSETTLED = #KEYS - 1
+    if ARGV[12] == 'f' then
+        GRANT_TOKEN = KEYS[#KEYS - 1]
+        LAST_UNSETTLED = #KEYS - 2
+    end
 end
 
 -- Whether the lock may go straight to the waiter named in ARGV[8]: it has

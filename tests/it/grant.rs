@@ -29,10 +29,26 @@ fn client(url: &str, response_timeout: Duration) -> Client {
 }
 
 /// What a waiter thread reports: whether it got the lock (and its hold
-/// count, from its own guard), and how long its call took.
+/// count, from its own guard), its fencing token, and how long its call
+/// took.
 struct Report {
     got: Option<u32>,
+    token: Option<u64>,
     took: Duration,
+}
+
+/// Which of the reentrant locks a thread takes (the two share the hash).
+#[derive(Clone, Copy)]
+enum Kind {
+    Plain,
+    Fenced,
+}
+
+fn lock_of(c: &Client, name: &str, kind: Kind) -> redlease::Lock {
+    match kind {
+        Kind::Plain => c.lock(name),
+        Kind::Fenced => c.fenced_lock(name),
+    }
 }
 
 /// The calling thread's id in the OS (its `/proc/self/task/` entry).
@@ -56,7 +72,17 @@ fn spawn_waiter(
     name: &'static str,
     wait: Option<Duration>,
 ) -> (String, mpsc::Receiver<Report>, mpsc::Sender<()>) {
-    let lock = c.lock(name);
+    spawn_waiter_of(c, name, wait, Kind::Plain)
+}
+
+/// [`spawn_waiter`], the waiter's lock of `kind`.
+fn spawn_waiter_of(
+    c: &Client,
+    name: &'static str,
+    wait: Option<Duration>,
+    kind: Kind,
+) -> (String, mpsc::Receiver<Report>, mpsc::Sender<()>) {
+    let lock = lock_of(c, name, kind);
     let (tid_tx, tid_rx) = mpsc::channel();
     let (tx, rx) = mpsc::channel();
     let (go, go_rx) = mpsc::channel::<()>();
@@ -73,6 +99,7 @@ fn spawn_waiter(
         let got = got.unwrap_or(None);
         let _ = tx.send(Report {
             got: got.as_ref().map(|g| g.hold_count()),
+            token: got.as_ref().and_then(|g| g.token()),
             took,
         });
         if got.is_some() {
@@ -107,6 +134,17 @@ struct Rig {
 }
 
 fn rig(name: &'static str, rt: Duration, wait: Option<Duration>) -> Rig {
+    rig_of(name, rt, wait, Kind::Plain, Kind::Plain)
+}
+
+/// [`rig`], the holder's lock of kind `holder`, the waiter's of `waiter`.
+fn rig_of(
+    name: &'static str,
+    rt: Duration,
+    wait: Option<Duration>,
+    holder: Kind,
+    waiter: Kind,
+) -> Rig {
     let srv = RedisServer::start();
     let proxy = Proxy::start(srv.addr());
     let c = client(&proxy.url(), rt);
@@ -118,12 +156,11 @@ fn rig(name: &'static str, rt: Duration, wait: Option<Duration>) -> Rig {
         .expect("warm-up release");
     // Its subscriber's first connection wakes every waiter once: before.
     warm_subscriber(&client(&srv.url(), Duration::from_secs(2)), &c);
-    let held = c
-        .lock(name)
+    let held = lock_of(&c, name, holder)
         .lock()
         .expect("the first thread takes the lock");
     let mut monitor = Monitor::start(&srv);
-    let (tid, rx, go) = spawn_waiter(&c, name, wait);
+    let (tid, rx, go) = spawn_waiter_of(&c, name, wait, waiter);
     wait_asleep(&mut monitor, name, &tid);
     Rig {
         srv,
@@ -177,6 +214,111 @@ fn a_release_hands_the_lock_to_a_sleeping_thread_of_the_same_client() {
         r.srv.cmd(&["ZCARD", &crate::handoff::queue(name)]),
         "0",
         "the waiter was its process's last: its process left the lock's queue"
+    );
+    r.let_go(name);
+}
+
+/// A fenced lock is handed over too: the release takes the next token for
+/// the waiter (Redisson's RFencedLock counts every acquisition), and the
+/// waiter's guard carries it. So is a reentrant lock released by a thread
+/// that took it without fencing: the two share the hash, and the waiter's
+/// kind decides.
+#[test]
+fn a_release_hands_a_fenced_lock_over_with_the_next_token() {
+    for (name, holder) in [
+        ("grant:fenced", Kind::Fenced),
+        ("grant:fenced-after-plain", Kind::Plain),
+    ] {
+        let mut r = rig_of(name, Duration::from_secs(2), None, holder, Kind::Fenced);
+        let token_key = format!("redisson_lock_token:{{{name}}}");
+        let before: u64 = r.srv.cmd(&["GET", &token_key]).trim().parse().unwrap_or(0);
+        r.monitor.lines_until_echo(&r.srv, "before-release");
+        r.release().expect("release");
+        let report = r.report();
+        assert_eq!(
+            report.got,
+            Some(1),
+            "{name}: the waiter holds the lock once"
+        );
+        assert_eq!(
+            report.token,
+            Some(before + 1),
+            "{name}: the waiter's token is the next one"
+        );
+        assert_eq!(
+            r.srv.cmd(&["GET", &token_key]).trim(),
+            (before + 1).to_string(),
+            "{name}: one token taken, for the waiter"
+        );
+        let after = r.monitor.lines_until_echo(&r.srv, "after-grant");
+        let tries: Vec<_> = after.iter().filter(|l| is_acquire_of(l, name)).collect();
+        assert!(
+            tries.is_empty(),
+            "{name}: the waiter held the lock without a try of its own: {tries:?}"
+        );
+        r.let_go(name);
+    }
+}
+
+/// A fenced lock's waiter whose token cannot be taken (the token key is
+/// not a number, written by someone else) is not handed the lock: the
+/// release releases as usual and wakes it, and its own try fails with
+/// nothing held.
+#[test]
+fn a_release_that_cannot_take_a_token_for_its_waiter_releases_as_usual() {
+    let name = "grant:fenced-bad-token";
+    let mut r = rig_of(
+        name,
+        Duration::from_secs(2),
+        None,
+        Kind::Plain,
+        Kind::Fenced,
+    );
+    r.srv
+        .cmd(&["SET", &format!("redisson_lock_token:{{{name}}}"), "x"]);
+    r.release().expect("the release succeeds");
+    let report = r.report();
+    assert_eq!(report.got, None, "the waiter's own try fails");
+    assert_eq!(
+        r.srv.cmd(&["EXISTS", name]),
+        "0",
+        "nothing held in anyone's name"
+    );
+}
+
+/// A fenced lock's hand-off whose reply is lost: the waiter undoes it and
+/// takes the lock itself, with a token of its own (later than the one the
+/// lost grant took: tokens only grow).
+#[test]
+fn a_fenced_grant_whose_reply_is_lost_leaves_the_waiter_a_token_of_its_own() {
+    let name = "grant:fenced-lost-reply";
+    let mut r = rig_of(
+        name,
+        Duration::from_millis(500),
+        None,
+        Kind::Fenced,
+        Kind::Fenced,
+    );
+    let token_key = format!("redisson_lock_token:{{{name}}}");
+    r.proxy
+        .add_rule(b"redisson_unlock_latch:", Fault::DropReply, 1);
+    assert!(
+        r.release().is_err(),
+        "a release without a reply is not reported done"
+    );
+    let report = r.report();
+    assert_eq!(report.got, Some(1), "the waiter holds the lock once");
+    let token = report.token.expect("the waiter's guard has a token");
+    thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        r.srv.cmd(&["EXISTS", name]),
+        "1",
+        "still held by the waiter"
+    );
+    assert_eq!(
+        r.srv.cmd(&["GET", &token_key]).trim(),
+        token.to_string(),
+        "the waiter's token is the latest one taken"
     );
     r.let_go(name);
 }
