@@ -564,9 +564,11 @@ impl ReleaseReply {
                 token: None,
             }),
             redis::Value::Array(items) => match items.as_slice() {
+                // Handed over: a token that is no u64 (release.lua never
+                // answers one) counts as none, which the waiter undoes.
                 [redis::Value::Int(2), redis::Value::Int(t)] => Ok(ReleaseReply {
                     code: Some(2),
-                    token: Some(u64::try_from(*t).map_err(|_| bad())?),
+                    token: u64::try_from(*t).ok(),
                 }),
                 _ => Err(bad()),
             },

@@ -78,11 +78,17 @@ else
     mine = redis.call('hexists', KEYS[1], ARGV[2]) == 1
 end
 if mine then
-    -- A fenced lock's token first: a token key that is not a number fails
-    -- the call here, with nothing of the lock written.
+    -- A fenced lock's token first: a token key that is not a number, or a
+    -- negative one (someone else wrote it: tokens never are), fails the
+    -- call here, with nothing of the lock written.
     local token
     if fenced then
         token = redis.call('incr', KEYS[3])
+        if token < 0 then
+            return redis.error_reply('ERR the fencing token key ' .. KEYS[3]
+                .. ' holds a negative number; fencing tokens are never negative: '
+                .. 'delete the key or set it to the last token handed out')
+        end
     end
     if ARGV[7] == 'q' then
         -- Other waiters of this process still wait: it stays queued, and

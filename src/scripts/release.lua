@@ -54,12 +54,13 @@ if not state[1] then
 end
 local grant = grant_allowed()
 -- A fenced lock's waiter takes the next token, before anything is handed
--- over: where that fails (the token key is not a number), the lock is
--- released as usual.
+-- over: where that fails (the token key is not a number) or gives no token
+-- (a negative number, which acquire.lua refuses too), the lock is released
+-- as usual.
 local token
 if grant and GRANT_TOKEN then
     token = redis.pcall('incr', GRANT_TOKEN)
-    grant = type(token) == 'number'
+    grant = type(token) == 'number' and token >= 0
 end
 if grant then
     -- The releasing owner's fields go; the waiter's come, with its lease

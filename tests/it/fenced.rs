@@ -93,6 +93,26 @@ fn a_token_key_that_is_not_a_number_fails_with_nothing_held() {
     assert_eq!(srv.cmd(&["EXISTS", "ledger"]), "0", "released");
 }
 
+/// A token key holding a negative number (someone else wrote it: tokens
+/// never are) fails the acquisition the same way, with an error that says
+/// what to fix, rather than give a guard without a token.
+#[test]
+fn a_negative_token_key_fails_with_nothing_held() {
+    let srv = RedisServer::start();
+    let c = Client::open(srv.url()).expect("client");
+    srv.cmd(&["SET", TOKEN_KEY, "-5"]);
+    let err = c
+        .fenced_lock("ledger")
+        .try_lock()
+        .expect_err("no token to take");
+    assert!(detail(&err).contains("holds a negative number"), "{err}");
+    assert_eq!(
+        srv.cmd(&["EXISTS", "ledger"]),
+        "0",
+        "nothing held in the name of the failed acquisition"
+    );
+}
+
 /// Successive holders across 2 clients x 4 threads see strictly growing
 /// tokens.
 #[test]

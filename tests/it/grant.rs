@@ -286,6 +286,68 @@ fn a_release_that_cannot_take_a_token_for_its_waiter_releases_as_usual() {
     );
 }
 
+/// The same with a token key holding a negative number (tokens never are):
+/// the release releases as usual (its caller told it did), and the
+/// waiter's own try fails with nothing held, at once.
+#[test]
+fn a_release_that_takes_no_negative_token_for_its_waiter_releases_as_usual() {
+    let name = "grant:fenced-negative-token";
+    let mut r = rig_of(
+        name,
+        Duration::from_secs(2),
+        None,
+        Kind::Plain,
+        Kind::Fenced,
+    );
+    r.srv
+        .cmd(&["SET", &format!("redisson_lock_token:{{{name}}}"), "-5"]);
+    r.release().expect("the release succeeds");
+    let report = r.report();
+    assert_eq!(report.got, None, "the waiter's own try fails");
+    assert!(
+        report.took < Duration::from_secs(5),
+        "woken by the release, not at the end of the lease it saw: {:?}",
+        report.took
+    );
+    assert_eq!(
+        r.srv.cmd(&["EXISTS", name]),
+        "0",
+        "nothing held in anyone's name"
+    );
+}
+
+/// A fenced lock's hand-off whose connection is cut after the request:
+/// the client sends the release again on a new connection, and its latch
+/// answers "handed over" without the token; the waiter counts that as a
+/// lost answer, undoes the hand-off and takes the lock with a token of its
+/// own, the latest.
+#[test]
+fn a_fenced_grant_answered_from_the_latch_is_undone_and_taken_again() {
+    let name = "grant:fenced-cut";
+    let mut r = rig_of(
+        name,
+        Duration::from_secs(2),
+        None,
+        Kind::Fenced,
+        Kind::Fenced,
+    );
+    let token_key = format!("redisson_lock_token:{{{name}}}");
+    r.proxy
+        .add_rule(b"redisson_unlock_latch:", Fault::CutAfterRequest, 1);
+    r.release().expect("the release, sent again, succeeds");
+    let report = r.report();
+    assert_eq!(report.got, Some(1), "the waiter holds the lock once");
+    let now: u64 = r.srv.cmd(&["GET", &token_key]).trim().parse().unwrap();
+    assert_eq!(report.token, Some(now), "the waiter's token is the latest");
+    thread::sleep(Duration::from_millis(1000));
+    assert_eq!(
+        r.srv.cmd(&["EXISTS", name]),
+        "1",
+        "still held by the waiter"
+    );
+    r.let_go(name);
+}
+
 /// A fenced lock's hand-off whose reply is lost: the waiter undoes it and
 /// takes the lock itself, with a token of its own (later than the one the
 /// lost grant took: tokens only grow).
