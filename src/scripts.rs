@@ -512,19 +512,8 @@ impl Release<'_> {
         }
     }
 
-    /// Runs it in one round trip: `None` when the owner's field was gone,
-    /// else the script's code (see release.lua). Not for a release that may
-    /// hand a fenced lock over (see [`run_granting`](Release::run_granting)).
+    /// Runs it in one round trip.
     pub(crate) fn run(
-        &self,
-        conn: &mut crate::net::transport::Connection,
-    ) -> RedisResult<Option<i64>> {
-        self.script().run(conn, self.keys(), |cmd| self.fill(cmd))
-    }
-
-    /// Runs it in one round trip: the code as [`run`](Release::run)'s, and
-    /// with a fenced lock handed over, the waiter's token.
-    pub(crate) fn run_granting(
         &self,
         conn: &mut crate::net::transport::Connection,
     ) -> RedisResult<ReleaseReply> {

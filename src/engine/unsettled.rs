@@ -185,7 +185,7 @@ impl Unsettled {
                 grant: None,
             }
             .run(conn)
-            .map(|r| r.unwrap_or(0)),
+            .map(|r| r.code.unwrap_or(0)),
             Lost::Dequeue { ref wake } => {
                 scripts::leave(conn, &self.name, &self.channel, &self.key, wake, publish).map(|_| 0)
             }

@@ -264,11 +264,7 @@ impl Held {
                 {
                     step.request.grant = self.shared.grants.claim(self.hold.name());
                 }
-                if step.request.grant.is_none() {
-                    let reply = self.send_release(&step.request);
-                    return self.end_release(step, reply);
-                }
-                let reply = self.send_release_granting(&step.request);
+                let reply = self.send(&step.request);
                 // At once: the waiter's wait is bounded by this round trip
                 // alone, not by what follows (an event handler's code).
                 if let Some(claim) = step.request.grant.take() {
@@ -447,23 +443,16 @@ impl Held {
         }
     }
 
-    /// Sends `r` on its own (one round trip, routed).
+    /// Sends `r` on its own (one round trip, routed): `None` when the
+    /// owner's field was gone, else the script's code.
     pub(crate) fn send_release(&self, r: &ReleaseRequest) -> Result<(Option<i64>, Synced)> {
-        let shared = &self.shared;
-        let hold = &self.hold;
-        // A release fewer replicas confirmed is still done on the master: at
-        // worst a failover brings the lock back until its lease runs out.
-        let script = self.release_script(r, None);
-        shared
-            .router
-            .run_synced(hold.name(), |conn| script.run(conn))
+        self.send(r).map(|(reply, synced)| (reply.code, synced))
     }
 
-    /// Sends `r`, which may hand the lock to the waiter it claimed, on its
-    /// own (one round trip, routed): with the lock handed to a fenced lock's
-    /// waiter (whatever kind the releaser's is: the two share the hash),
-    /// the waiter's token comes back.
-    fn send_release_granting(&self, r: &ReleaseRequest) -> Result<(ReleaseReply, Synced)> {
+    /// Sends `r` on its own (one round trip, routed): with the lock handed
+    /// to a fenced lock's waiter (whatever kind the releaser's is: the two
+    /// share the hash), the waiter's token comes back.
+    fn send(&self, r: &ReleaseRequest) -> Result<(ReleaseReply, Synced)> {
         let hold = &self.hold;
         let token_key = r
             .grant
@@ -471,9 +460,11 @@ impl Held {
             .filter(|c| c.offer().kind == Kind::Fenced)
             .map(|_| scripts::token_name(hold.name()));
         let script = self.release_script(r, token_key.as_deref());
+        // A release fewer replicas confirmed is still done on the master: at
+        // worst a failover brings the lock back until its lease runs out.
         self.shared
             .router
-            .run_synced(hold.name(), |conn| script.run_granting(conn))
+            .run_synced(hold.name(), |conn| script.run(conn))
     }
 
     /// Records the outcome of release `r` on the hold. A release that did

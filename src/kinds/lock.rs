@@ -963,9 +963,8 @@ impl Lock {
 
 /// A reentrant lock's waiter (fenced or not), to which a release by another
 /// thread of its client may hand the lock (engine/grants.rs): only a first
-/// acquisition
-/// with nothing unsettled (a re-entry does not wait; an unsettled request
-/// goes out with the waiter's own next try).
+/// acquisition with nothing unsettled (a re-entry does not wait; an
+/// unsettled request goes out with the waiter's own next try).
 struct Grantee<'a> {
     lock: &'a Lock,
     terms: &'a Terms,
