@@ -333,19 +333,51 @@ fn failover(sync: bool) -> usize {
     let killed = Instant::now();
     g.nodes[0].kill();
 
-    // A new lock operation rides out the failover.
-    let probe = a
-        .lock("f:probe")
-        .try_lock_for(Duration::from_secs(30))
-        .expect("a lock during the failover")
-        .expect("acquired");
-    let back = killed.elapsed();
-    drop(probe);
+    // A new lock operation rides out the failover. Its time counts from
+    // the promotion of a replica: Sentinel's election takes from
+    // down-after to several seconds (a split vote is held again after a
+    // pause), which is not the client's doing.
+    let (promoted, back) = thread::scope(|s| {
+        let watcher = s.spawn(|| {
+            let until = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < until {
+                let promoted = g
+                    .nodes
+                    .iter()
+                    .filter(|n| n.port() != old && n.is_running())
+                    .any(|n| try_cmd(n, &["ROLE"]).is_some_and(|r| r.starts_with("master")));
+                if promoted {
+                    return Some(Instant::now());
+                }
+                thread::sleep(Duration::from_millis(10));
+            }
+            None
+        });
+        let probe = a
+            .lock("f:probe")
+            .try_lock_for(Duration::from_secs(30))
+            .expect("a lock during the failover")
+            .expect("acquired");
+        let back = Instant::now();
+        drop(probe);
+        let promoted = watcher
+            .join()
+            .expect("the watcher thread")
+            .expect("a replica promoted within 30 s of the kill");
+        (promoted, back)
+    });
     let new = g.new_master(old);
-    eprintln!("first lock operation after the kill: {back:?} (down-after {DOWN_AFTER:?})");
+    eprintln!(
+        "first lock operation after the kill: {:?}, after the promotion: {:?} (down-after {DOWN_AFTER:?})",
+        back - killed,
+        back.saturating_duration_since(promoted)
+    );
     assert!(
-        back < DOWN_AFTER + Duration::from_secs(3),
-        "operations resume within down-after + 3 s ({back:?})"
+        back.saturating_duration_since(promoted) < Duration::from_secs(3),
+        "operations resume within 3 s of a replica's promotion ({:?} after the kill, \
+         promoted {:?} after it)",
+        back - killed,
+        promoted - killed
     );
 
     // Which locks survived on the new master, and which guards say so.
