@@ -56,61 +56,47 @@ fn detail(err: &redlease::Error) -> String {
     format!("{err}: {}", source.unwrap_or_default())
 }
 
-/// A token key that is not a number (written by someone else) fails the
-/// acquisition with nothing of the lock written: no hold is left in the
-/// name of a caller told it failed. A re-entry the same way.
+/// A token key that is not a number, or a negative one (someone else
+/// wrote it: tokens never are), fails the acquisition with an error that
+/// says so and nothing of the lock written: no hold is left in the name of
+/// a caller told it failed. A re-entry the same way.
 #[test]
 fn a_token_key_that_is_not_a_number_fails_with_nothing_held() {
     let srv = RedisServer::start();
     let c = Client::open(srv.url()).expect("client");
-    srv.cmd(&["SET", TOKEN_KEY, "not-a-number"]);
-    let err = c
-        .fenced_lock("ledger")
-        .try_lock()
-        .expect_err("no token to take");
-    assert!(detail(&err).contains("not an integer"), "{err}");
-    assert_eq!(
-        srv.cmd(&["EXISTS", "ledger"]),
-        "0",
-        "nothing held in the name of the failed acquisition"
-    );
-    srv.cmd(&["SET", TOKEN_KEY, "7"]);
-    let g = c.fenced_lock("ledger").lock().expect("lock");
-    assert_eq!(g.token(), Some(8));
-    srv.cmd(&["SET", TOKEN_KEY, "not-a-number"]);
-    let hold = srv.cmd(&["HGETALL", "ledger"]);
-    let err = c
-        .fenced_lock("ledger")
-        .try_lock()
-        .expect_err("no token for the re-entry");
-    assert!(detail(&err).contains("not an integer"), "{err}");
-    assert_eq!(
-        srv.cmd(&["HGETALL", "ledger"]),
-        hold,
-        "the hold is as before"
-    );
-    drop(g);
-    assert_eq!(srv.cmd(&["EXISTS", "ledger"]), "0", "released");
-}
-
-/// A token key holding a negative number (someone else wrote it: tokens
-/// never are) fails the acquisition the same way, with an error that says
-/// what to fix, rather than give a guard without a token.
-#[test]
-fn a_negative_token_key_fails_with_nothing_held() {
-    let srv = RedisServer::start();
-    let c = Client::open(srv.url()).expect("client");
-    srv.cmd(&["SET", TOKEN_KEY, "-5"]);
-    let err = c
-        .fenced_lock("ledger")
-        .try_lock()
-        .expect_err("no token to take");
-    assert!(detail(&err).contains("holds a negative number"), "{err}");
-    assert_eq!(
-        srv.cmd(&["EXISTS", "ledger"]),
-        "0",
-        "nothing held in the name of the failed acquisition"
-    );
+    for (value, says) in [
+        ("not-a-number", "not an integer"),
+        ("-5", "holds a negative number"),
+    ] {
+        srv.cmd(&["SET", TOKEN_KEY, value]);
+        let err = c
+            .fenced_lock("ledger")
+            .try_lock()
+            .expect_err("no token to take");
+        assert!(detail(&err).contains(says), "{value}: {err}");
+        assert_eq!(
+            srv.cmd(&["EXISTS", "ledger"]),
+            "0",
+            "{value}: nothing held in the name of the failed acquisition"
+        );
+        srv.cmd(&["SET", TOKEN_KEY, "7"]);
+        let g = c.fenced_lock("ledger").lock().expect("lock");
+        assert_eq!(g.token(), Some(8));
+        srv.cmd(&["SET", TOKEN_KEY, value]);
+        let hold = srv.cmd(&["HGETALL", "ledger"]);
+        let err = c
+            .fenced_lock("ledger")
+            .try_lock()
+            .expect_err("no token for the re-entry");
+        assert!(detail(&err).contains(says), "{value}: {err}");
+        assert_eq!(
+            srv.cmd(&["HGETALL", "ledger"]),
+            hold,
+            "{value}: the hold is as before"
+        );
+        drop(g);
+        assert_eq!(srv.cmd(&["EXISTS", "ledger"]), "0", "{value}: released");
+    }
 }
 
 /// Successive holders across 2 clients x 4 threads see strictly growing

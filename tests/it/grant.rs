@@ -261,59 +261,38 @@ fn a_release_hands_a_fenced_lock_over_with_the_next_token() {
 }
 
 /// A fenced lock's waiter whose token cannot be taken (the token key is
-/// not a number, written by someone else) is not handed the lock: the
-/// release releases as usual and wakes it, and its own try fails with
-/// nothing held.
+/// not a number, or a negative one: someone else wrote it) is not handed
+/// the lock: the release releases as usual (its caller told it did) and
+/// wakes it at once, and its own try fails with nothing held.
 #[test]
 fn a_release_that_cannot_take_a_token_for_its_waiter_releases_as_usual() {
-    let name = "grant:fenced-bad-token";
-    let mut r = rig_of(
-        name,
-        Duration::from_secs(2),
-        None,
-        Kind::Plain,
-        Kind::Fenced,
-    );
-    r.srv
-        .cmd(&["SET", &format!("redisson_lock_token:{{{name}}}"), "x"]);
-    r.release().expect("the release succeeds");
-    let report = r.report();
-    assert_eq!(report.got, None, "the waiter's own try fails");
-    assert_eq!(
-        r.srv.cmd(&["EXISTS", name]),
-        "0",
-        "nothing held in anyone's name"
-    );
-}
-
-/// The same with a token key holding a negative number (tokens never are):
-/// the release releases as usual (its caller told it did), and the
-/// waiter's own try fails with nothing held, at once.
-#[test]
-fn a_release_that_takes_no_negative_token_for_its_waiter_releases_as_usual() {
-    let name = "grant:fenced-negative-token";
-    let mut r = rig_of(
-        name,
-        Duration::from_secs(2),
-        None,
-        Kind::Plain,
-        Kind::Fenced,
-    );
-    r.srv
-        .cmd(&["SET", &format!("redisson_lock_token:{{{name}}}"), "-5"]);
-    r.release().expect("the release succeeds");
-    let report = r.report();
-    assert_eq!(report.got, None, "the waiter's own try fails");
-    assert!(
-        report.took < Duration::from_secs(5),
-        "woken by the release, not at the end of the lease it saw: {:?}",
-        report.took
-    );
-    assert_eq!(
-        r.srv.cmd(&["EXISTS", name]),
-        "0",
-        "nothing held in anyone's name"
-    );
+    for (name, value) in [
+        ("grant:fenced-bad-token", "x"),
+        ("grant:fenced-negative-token", "-5"),
+    ] {
+        let mut r = rig_of(
+            name,
+            Duration::from_secs(2),
+            None,
+            Kind::Plain,
+            Kind::Fenced,
+        );
+        r.srv
+            .cmd(&["SET", &format!("redisson_lock_token:{{{name}}}"), value]);
+        r.release().expect("the release succeeds");
+        let report = r.report();
+        assert_eq!(report.got, None, "{value}: the waiter's own try fails");
+        assert!(
+            report.took < Duration::from_secs(5),
+            "{value}: woken by the release, not at the end of the lease it saw: {:?}",
+            report.took
+        );
+        assert_eq!(
+            r.srv.cmd(&["EXISTS", name]),
+            "0",
+            "{value}: nothing held in anyone's name"
+        );
+    }
 }
 
 /// A fenced lock's hand-off whose connection is cut after the request:
