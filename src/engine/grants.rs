@@ -12,10 +12,11 @@
 //! the response timeout): granted, it holds the lock; unknown (the reply
 //! was lost), it undoes the grant as a lost acquisition (its cancel marker
 //! makes a late copy of the release grant nothing, and its next operation
-//! on the lock sets the marker first). A release claims an offer only
-//! while every waiter of the lock in this client sleeps with one parked
-//! (an owned guard's or a MultiLock's waiter, which cannot take a hand-off,
-//! gets the release's wake-up as before); Redis grants only while the
+//! on the lock sets the marker first; an owned guard's waiter, whose field
+//! is its acquisition's own, has the undo alone). A release claims an offer
+//! only while every waiter of the lock in this client sleeps with one
+//! parked (a MultiLock's waiter, which cannot take a hand-off, gets the
+//! release's wake-up as before); Redis grants only while the
 //! waiter's cancel marker is absent, its field is not in the hash, and no
 //! other subscriber than this client's listens on the lock's channel (a
 //! waiter of another process, Redisson's included, is woken as before).
@@ -47,6 +48,10 @@ pub(crate) struct Offer {
     /// The waiter's lock: a reentrant lock, fenced or not (a fenced one's
     /// hand-off takes the next token for it, whoever releases).
     pub(crate) kind: Kind,
+    /// Owned by the acquisition, not the waiting thread (`Lock::owned`):
+    /// a lost hand-off is undone without the thread's later operations on
+    /// the lock marking it (its field is the acquisition's own).
+    pub(crate) owned: bool,
     pub(crate) channel: String,
     /// The waiter's owner field.
     pub(crate) field: String,
@@ -101,6 +106,7 @@ impl Offer {
     pub(crate) fn new(
         name: &str,
         kind: Kind,
+        owned: bool,
         channel: &str,
         field: String,
         marker: String,
@@ -112,6 +118,7 @@ impl Offer {
         Offer {
             name: name.to_owned(),
             kind,
+            owned,
             channel: channel.to_owned(),
             field,
             marker,
@@ -161,8 +168,8 @@ impl Grants {
     /// The longest-parked offer for lock `name`, claimed: it is the
     /// caller's to decide ([`Claim::decide`], or dropped: unknown). None
     /// unless every waiter of the lock in this client sleeps with an offer
-    /// parked: a waiter that cannot take a hand-off (an owned guard's, a
-    /// MultiLock's, one with a request unsettled) or is trying just now
+    /// parked: a waiter that cannot take a hand-off (a MultiLock's, one
+    /// with a request unsettled) or is trying just now
     /// gets the release's wake-up as before, and is never passed over.
     pub(crate) fn claim(&self, name: &str) -> Option<Claim> {
         if self.count.load(Ordering::Relaxed) == 0 {

@@ -319,6 +319,9 @@ impl Waiters<'_> {
                         // The release's reply was lost: what it may have
                         // granted is undone (and this thread's next try
                         // sets the cancel marker first).
+                        Some(Outcome::Unknown { sent }) if o.owned => {
+                            client.settle_owned_later(o.lost(sent))
+                        }
                         Some(Outcome::Unknown { sent }) => client.settle_later(o.lost(sent)),
                         Some(Outcome::Declined | Outcome::Missed) | None => {}
                     }

@@ -609,7 +609,7 @@ impl Lock {
         }
         let waiters = self.waiters();
         let try_once = |q: Option<&Queued>| self.attempt_synced(terms, q);
-        if matches!(self.kind, Kind::Plain | Kind::Fenced) && !self.owned {
+        if matches!(self.kind, Kind::Plain | Kind::Fenced) {
             // A release by another thread of this client may hand it over.
             let mut grantee = Grantee { lock: self, terms };
             waiters.acquire_with(wait.deadline(), try_once, Some(&mut grantee))
@@ -961,10 +961,12 @@ impl Lock {
     }
 }
 
-/// A reentrant lock's waiter (fenced or not), to which a release by another
-/// thread of its client may hand the lock (engine/grants.rs): only a first
-/// acquisition with nothing unsettled (a re-entry does not wait; an
-/// unsettled request goes out with the waiter's own next try).
+/// A reentrant lock's waiter (fenced or not, owned by its thread or by the
+/// acquisition), to which a release by another thread of its client may
+/// hand the lock (engine/grants.rs): only a first acquisition with nothing
+/// unsettled (a re-entry does not wait; an unsettled request goes out with
+/// the waiter's own next try; an owned acquisition is a new owner, with
+/// nothing of either).
 struct Grantee<'a> {
     lock: &'a Lock,
     terms: &'a Terms,
@@ -974,16 +976,21 @@ impl crate::engine::waiting::Grantee<LockGuard> for Grantee<'_> {
     fn offer(&mut self, poker: Poker, wake: &str) -> Option<Offer> {
         let lock = self.lock;
         let shared = &lock.shared;
-        let (existing, pending) = owner_state(shared.id, &lock.slot);
-        if existing.is_some() || !pending.is_empty() {
-            return None;
-        }
-        let field = lock.owner_field();
+        let field = if lock.owned {
+            shared.owned_field()
+        } else {
+            let (existing, pending) = owner_state(shared.id, &lock.slot);
+            if existing.is_some() || !pending.is_empty() {
+                return None;
+            }
+            lock.owner_field()
+        };
         let n = shared.next_request();
         let marker = scripts::acquire_cancel_name(&lock.name, &field, n);
         Some(Offer::new(
             &lock.name,
             lock.kind,
+            lock.owned,
             &lock.channel,
             field,
             marker,

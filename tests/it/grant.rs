@@ -37,17 +37,42 @@ struct Report {
     took: Duration,
 }
 
-/// Which of the reentrant locks a thread takes (the two share the hash).
-#[derive(Clone, Copy)]
+/// Which of the reentrant locks a thread takes (they share the hash).
+#[derive(Clone, Copy, Debug)]
 enum Kind {
     Plain,
     Fenced,
+    /// Owned by the acquisition (`Lock::owned`), not the thread.
+    Owned,
 }
 
 fn lock_of(c: &Client, name: &str, kind: Kind) -> redlease::Lock {
     match kind {
-        Kind::Plain => c.lock(name),
+        Kind::Plain | Kind::Owned => c.lock(name),
         Kind::Fenced => c.fenced_lock(name),
+    }
+}
+
+/// A waiter's guard, of either ownership.
+enum Guard {
+    Thread(redlease::LockGuard),
+    Owned(redlease::OwnedLockGuard),
+}
+
+impl Guard {
+    /// Its holds (an owned guard's is always one).
+    fn count(&self) -> u32 {
+        match self {
+            Guard::Thread(g) => g.hold_count(),
+            Guard::Owned(_) => 1,
+        }
+    }
+
+    fn token(&self) -> Option<u64> {
+        match self {
+            Guard::Thread(g) => g.token(),
+            Guard::Owned(g) => g.token(),
+        }
     }
 }
 
@@ -90,16 +115,18 @@ fn spawn_waiter_of(
         let tid = os_thread_id();
         let _ = tid_tx.send(tid);
         let started = Instant::now();
-        let got = match wait {
-            None => lock.lock().map(Some),
-            Some(w) => lock.try_lock_for(w),
+        let got = match (kind, wait) {
+            (Kind::Owned, None) => lock.owned().lock().map(|g| Some(Guard::Owned(g))),
+            (Kind::Owned, Some(w)) => lock.owned().try_lock_for(w).map(|g| g.map(Guard::Owned)),
+            (_, None) => lock.lock().map(|g| Some(Guard::Thread(g))),
+            (_, Some(w)) => lock.try_lock_for(w).map(|g| g.map(Guard::Thread)),
         };
         let took = started.elapsed();
         // An error counts as not acquired.
         let got = got.unwrap_or(None);
         let _ = tx.send(Report {
-            got: got.as_ref().map(|g| g.hold_count()),
-            token: got.as_ref().and_then(|g| g.token()),
+            got: got.as_ref().map(Guard::count),
+            token: got.as_ref().and_then(Guard::token),
             took,
         });
         if got.is_some() {
@@ -396,23 +423,57 @@ fn a_waiter_whose_deadline_passes_during_its_grant_takes_the_outcome() {
 
 #[test]
 fn a_grant_whose_reply_is_lost_is_taken_by_the_waiter_and_never_stranded() {
-    let name = "grant:lost-reply";
-    let mut r = rig(name, Duration::from_millis(500), None);
-    // The release runs (and hands the lock over), its reply is lost.
-    r.proxy
-        .add_rule(b"redisson_unlock_latch:", Fault::DropReply, 1);
+    // The waiter's thread owns its hold, or its acquisition does (an owned
+    // guard's: the undo runs in the background alone).
+    for (name, waiter) in [
+        ("grant:lost-reply", Kind::Plain),
+        ("grant:lost-reply-owned", Kind::Owned),
+    ] {
+        let mut r = rig_of(name, Duration::from_millis(500), None, Kind::Plain, waiter);
+        // The release runs (and hands the lock over), its reply is lost.
+        r.proxy
+            .add_rule(b"redisson_unlock_latch:", Fault::DropReply, 1);
+        assert!(
+            r.release().is_err(),
+            "{waiter:?}: a release without a reply is not reported done"
+        );
+        assert_eq!(
+            r.report().got,
+            Some(1),
+            "{waiter:?}: the waiter holds the lock once"
+        );
+        // Whatever the background undo of the grant did, the waiter's hold
+        // is the one in Redis, and it stays.
+        thread::sleep(Duration::from_millis(1500));
+        assert_eq!(
+            r.srv.cmd(&["EXISTS", name]),
+            "1",
+            "{waiter:?}: still held by the waiter"
+        );
+        r.let_go(name);
+    }
+}
+
+/// An owned guard's waiter (`Lock::owned`: the acquisition owns the hold,
+/// under a field of its own) is handed the lock as a thread's is.
+#[test]
+fn a_release_hands_the_lock_to_an_owned_guard_s_waiter() {
+    let name = "grant:owned";
+    let mut r = rig_of(name, Duration::from_secs(2), None, Kind::Plain, Kind::Owned);
+    let holder = r.srv.cmd(&["HKEYS", name]);
+    r.monitor.lines_until_echo(&r.srv, "before-release");
+    r.release().expect("release");
+    assert_eq!(r.report().got, Some(1), "the owned waiter holds the lock");
+    let after = r.monitor.lines_until_echo(&r.srv, "after-grant");
+    let tries: Vec<_> = after.iter().filter(|l| is_acquire_of(l, name)).collect();
     assert!(
-        r.release().is_err(),
-        "a release without a reply is not reported done"
+        tries.is_empty(),
+        "the waiter held the lock without a try of its own after the release: {tries:?}"
     );
-    assert_eq!(r.report().got, Some(1), "the waiter holds the lock once");
-    // Whatever the background undo of the grant did, the waiter's hold is
-    // the one in Redis, and it stays.
-    thread::sleep(Duration::from_millis(1500));
-    assert_eq!(
-        r.srv.cmd(&["EXISTS", name]),
-        "1",
-        "still held by the waiter"
+    let fields = r.srv.cmd(&["HKEYS", name]);
+    assert!(
+        !fields.is_empty() && fields != holder,
+        "held under the owned acquisition's own field ({fields:?}, the releaser's: {holder:?})"
     );
     r.let_go(name);
 }
@@ -488,9 +549,10 @@ impl TakingTurns {
     }
 }
 
-/// Waiters that cannot take a hand-off (an owned guard's, a MultiLock's)
-/// keep releases waking them: threads of their client that hand the lock
-/// to each other never pass them over.
+/// A waiter that cannot take a hand-off (a MultiLock's) keeps releases
+/// waking it, and an owned guard's, which can, is handed the lock in turn:
+/// threads of their client that hand the lock to each other never pass
+/// them over.
 #[test]
 fn a_waiter_that_cannot_take_a_hand_off_is_not_passed_over() {
     let srv = RedisServer::start();
