@@ -25,6 +25,12 @@ use crate::time::{deadline, duration_ms};
 /// Redis, so a renewal taken for an earlier state of the hold (or for an
 /// earlier hold of the same owner) can neither extend the lease nor the
 /// bound.
+///
+/// A renewal sets the lease it carries from the moment it runs; it needs
+/// Redis to keep a longer lease the key has (`GT`) only where one of the
+/// generation's requests or renewals may have set a longer lease than its
+/// own: `gen_lease` tracks the longest, so that a renewal of a hold whose
+/// leases are all alike is sent without `GT` (less work for Redis).
 struct LeaseState {
     /// The lease is known to hold until then.
     valid_until: Instant,
@@ -34,10 +40,13 @@ struct LeaseState {
     /// not settled yet.
     busy: u32,
     /// The generation Redis holds for this hold, as far as known (see
-    /// [`gen`](LeaseState::gen): two fields, which pack tighter than an
-    /// `Option<u64>`).
+    /// [`gen`](LeaseState::gen): known while `gen_lease` is not 0; two
+    /// fields, which pack tighter than an `Option<u64>` and a lease).
     gen: u64,
-    gen_known: bool,
+    /// 0 while the generation is not known; else the longest lease in ms
+    /// that a request or a renewal of the generation may have set (see
+    /// [`lease_code`]), `u32::MAX` when that is not known.
+    gen_lease: u32,
     /// The watchdog's entry (under the same lock: renewing a hold takes one
     /// lock, and one cache line, per pass).
     sched: Sched,
@@ -45,13 +54,39 @@ struct LeaseState {
 
 impl LeaseState {
     fn gen(&self) -> Option<u64> {
-        self.gen_known.then_some(self.gen)
+        (self.gen_lease != 0).then_some(self.gen)
     }
 
-    fn set_gen(&mut self, gen: Option<u64>) {
-        self.gen_known = gen.is_some();
+    /// Generation `gen` was written with `lease_ms` (`None`: a lease not
+    /// known here).
+    fn set_gen(&mut self, gen: Option<u64>, lease_ms: Option<u64>) {
         self.gen = gen.unwrap_or(0);
+        self.gen_lease = match (gen, lease_ms) {
+            (None, _) => 0,
+            (Some(_), None) => u32::MAX,
+            (Some(_), Some(ms)) => lease_code(ms),
+        };
     }
+}
+
+/// A lease that a request of the generation set, as `LeaseState::gen_lease`
+/// keeps it: at least 1, and `u32::MAX` (longer than any renewal's, see
+/// [`Hold::take_due`]) from `u32::MAX - 1` ms (some 49 days) on, so that it
+/// errs towards `GT`.
+fn lease_code(lease_ms: u64) -> u32 {
+    match u32::try_from(lease_ms) {
+        Ok(ms) if ms < u32::MAX - 1 => ms.max(1),
+        _ => u32::MAX,
+    }
+}
+
+/// A renewal's lease, to compare with a generation's [`lease_code`]: at most
+/// `u32::MAX - 1`, so that a lease of 49 days or more is never taken for
+/// at least as long as one of the generation's.
+fn renewal_code(lease_ms: u64) -> u32 {
+    u32::try_from(lease_ms)
+        .unwrap_or(u32::MAX)
+        .min(u32::MAX - 1)
 }
 
 /// What a renewal of a hold carries: the generation it expects, and the
@@ -166,7 +201,7 @@ impl Hold {
                 epoch: 0,
                 busy: 0,
                 gen,
-                gen_known: true,
+                gen_lease: lease_code(lease_ms),
                 sched: Sched::Idle,
             }),
             lost: AtomicBool::new(false),
@@ -313,7 +348,7 @@ impl Hold {
         st.epoch += 1;
         st.busy = st.busy.saturating_sub(1);
         st.valid_until = deadline(sent, lease_ms);
-        st.set_gen(Some(gen));
+        st.set_gen(Some(gen), Some(lease_ms));
     }
 
     /// A request begun with [`begin`](Hold::begin) did not run, or ran
@@ -337,7 +372,7 @@ impl Hold {
         if st.epoch == epoch {
             st.epoch += 1;
             st.valid_until = deadline(sent, lease_ms);
-            st.set_gen(Some(gen));
+            st.set_gen(Some(gen), Some(lease_ms));
         }
     }
 
@@ -353,11 +388,14 @@ impl Hold {
         MutexGuard::map(self.lease.lock(), |st| &mut st.sched)
     }
 
-    /// Takes the hold for a renewal if its entry is the one due at `tick`:
-    /// the renewal's token, with the entry marked in flight; `None` (the
-    /// entry dropped) when it is not watched any more or the entry is not
-    /// its own.
-    pub(crate) fn take_due(&self, tick: u64) -> Option<RenewToken> {
+    /// Takes the hold for a renewal with `lease_ms` if its entry is the one
+    /// due at `tick`: the renewal's token, and whether the key may carry a
+    /// longer lease than the renewal sets (a request or an earlier renewal
+    /// of the generation set a longer one, or what it set is not known:
+    /// then Redis must keep the longer one, with `GT`); the entry is marked
+    /// in flight. `None` (the entry dropped) when it is not watched any more
+    /// or the entry is not its own.
+    pub(crate) fn take_due(&self, tick: u64, lease_ms: u64) -> Option<(RenewToken, bool)> {
         let mut st = self.lease.lock();
         if !matches!(st.sched, Sched::Queued((at, _)) if at == tick) {
             return None;
@@ -368,9 +406,16 @@ impl Hold {
             epoch: (st.busy == 0).then_some(st.epoch),
             gen: st.gen(),
         };
+        let code = renewal_code(lease_ms);
+        let keep_longer = st.gen_lease == 0 || code < st.gen_lease;
         if self.is_watched() {
+            // Whether or not it runs, the renewal may set its lease under
+            // the generation: a later one with a shorter lease keeps it.
+            if st.gen_lease != 0 && code > st.gen_lease {
+                st.gen_lease = lease_code(lease_ms);
+            }
             st.sched = Sched::InFlight;
-            Some(token)
+            Some((token, keep_longer))
         } else {
             st.sched = Sched::Idle;
             None
@@ -402,7 +447,8 @@ impl Hold {
     pub(crate) fn adopt(&self, token: RenewToken, gen: Option<u64>) -> bool {
         let mut st = self.lease.lock();
         if st.busy == 0 && token.epoch == Some(st.epoch) {
-            st.set_gen(gen);
+            // Written by an undo whose lease is not known here.
+            st.set_gen(gen, None);
             true
         } else {
             false
@@ -544,7 +590,7 @@ pub(crate) fn slot_key(name: &str, kind: Kind) -> String {
 mod tests {
     use std::time::Instant;
 
-    use super::{owner_key, slot_key, Hold};
+    use super::{owner_key, slot_key, Hold, Sched};
     use crate::scripts::{Kind, LockRef};
 
     #[test]
@@ -577,6 +623,55 @@ mod tests {
                 assert_eq!(hold.prefix(), lock.hold_prefix(), "{kind:?}");
                 assert_eq!(hold.slot(), slot_key(name, kind), "{kind:?}");
             }
+        }
+    }
+
+    /// Takes `hold` for a renewal with `lease_ms`: whether Redis must keep
+    /// a longer lease than the renewal's (`GT`).
+    fn keeps_longer(hold: &Hold, lease_ms: u64) -> bool {
+        *hold.sched() = Sched::Queued((5, 0));
+        hold.take_due(5, lease_ms).expect("due").1
+    }
+
+    #[test]
+    fn a_renewal_keeps_a_longer_lease_only_where_one_may_stand() {
+        let lock = LockRef {
+            name: "n",
+            channel: "c",
+            field: "6f1c2c1e-3b1a-4a51-9a4e-1f2e3d4c5b6a:7",
+            kind: Kind::Plain,
+        };
+        let now = Instant::now();
+        let hold = Hold::new(1, lock, now, 3_000, 1, None, false);
+        hold.acquired(3_000, true);
+        // Every lease alike, or the renewal's longer: nothing to keep.
+        assert!(!keeps_longer(&hold, 3_000));
+        assert!(!keeps_longer(&hold, 4_000));
+        // A renewal of the generation set 4 s: a 3 s one must keep it.
+        assert!(keeps_longer(&hold, 3_000));
+        // A new generation: what its request set counts.
+        hold.confirmed(now, 3_000, 2);
+        assert!(!keeps_longer(&hold, 3_000));
+        hold.confirmed(now, 60_000, 3);
+        assert!(keeps_longer(&hold, 3_000));
+        hold.settled(hold.epoch(), now, 3_000, 4);
+        assert!(!keeps_longer(&hold, 3_000));
+        // A generation adopted from Redis (an undo's): its lease is not known.
+        *hold.sched() = Sched::Queued((5, 0));
+        let (token, _) = hold.take_due(5, 3_000).expect("due");
+        assert!(hold.adopt(token, Some(9)));
+        assert!(keeps_longer(&hold, 3_000));
+        *hold.sched() = Sched::Queued((5, 0));
+        let (token, _) = hold.take_due(5, 3_000).expect("due");
+        assert!(hold.adopt(token, None));
+        assert!(keeps_longer(&hold, 3_000));
+        // Leases of 49 days and more are not told apart: kept.
+        let days_49 = u64::from(u32::MAX);
+        hold.confirmed(now, days_49 - 2, 5);
+        assert!(!keeps_longer(&hold, days_49 - 2));
+        for long in [days_49 - 1, days_49, 100 * 365 * 86_400_000] {
+            hold.confirmed(now, long, 6);
+            assert!(keeps_longer(&hold, long), "{long}");
         }
     }
 

@@ -143,6 +143,9 @@ struct Renewal {
     interval: Duration,
     lease_ms: u64,
     token: RenewToken,
+    /// The key may carry a longer lease than this renewal's, which Redis
+    /// must keep (`GT`; see [`Hold::take_due`]).
+    keep_longer: bool,
     /// Held for its `max_hold`: not renewed any more, reported lost.
     capped: bool,
 }
@@ -470,21 +473,26 @@ impl Inner {
                     false,
                 );
                 for e in entries.by_ref().take(TOUCH) {
-                    if let Some(token) = e.hold.take_due(t) {
-                        // A capped hold is renewed up to its cap, no further,
-                        // and not at all once the cap has come (within its own
-                        // slack: none for an entry due at its cap). The cap is
-                        // read only for a hold that has one: it sits past the
-                        // cache lines every renewal reads.
-                        let (lease_ms, capped) = if e.hold.capped {
-                            (
-                                e.hold.capped_lease_ms(e.lease_ms, now),
-                                e.hold.cap.is_some_and(|cap| cap <= now + e.interval / 10),
-                            )
-                        } else {
-                            (e.lease_ms, false)
-                        };
+                    // A capped hold is renewed up to its cap, no further, and
+                    // not at all once the cap has come (within its own slack:
+                    // none for an entry due at its cap). The cap is read only
+                    // for a hold that has one: it sits past the cache lines
+                    // every renewal reads.
+                    let (lease_ms, capped) = if e.hold.capped {
+                        (
+                            e.hold.capped_lease_ms(e.lease_ms, now),
+                            e.hold.cap.is_some_and(|cap| cap <= now + e.interval / 10),
+                        )
+                    } else {
+                        (e.lease_ms, false)
+                    };
+                    if let Some((token, keep_longer)) = e.hold.take_due(t, lease_ms) {
                         batch.push(Renewal {
+                            // A write hold shares its hash with its owner's
+                            // read holds, whose leases it must keep: always
+                            // `GT` (a read hold's renewal never shortens
+                            // either way).
+                            keep_longer: keep_longer || e.hold.kind.is_rw(),
                             kind: e.hold.kind,
                             owner: e.hold.owner,
                             lease_ms,
@@ -903,12 +911,15 @@ impl Inner {
         let mut groups = self
             .router
             .group(batch.iter().map(|r| r.hold.name()), CHUNK);
-        for chunk in groups.iter_mut().flat_map(|g| g.chunks.iter_mut()) {
-            sort_chunk(batch, chunk);
-        }
+        // Each chunk's sections, per group.
+        let arranged: Vec<Vec<Vec<Section>>> = groups
+            .iter_mut()
+            .map(|g| g.chunks.iter_mut().map(|c| arrange(batch, c)).collect())
+            .collect();
         let jobs: Vec<Job<'_>> = groups
             .iter()
-            .map(|g| {
+            .zip(&arranged)
+            .map(|(g, sections)| {
                 // A buffer of an earlier batch (its pages already mapped),
                 // with the whole pipeline's room: grown chunk by chunk, it
                 // would be copied again at every doubling. One far larger
@@ -920,8 +931,8 @@ impl Inner {
                 }
                 packed.clear();
                 packed.reserve(room);
-                for chunk in &g.chunks {
-                    pack_renewal(&mut packed, batch, chunk, self.flags(false));
+                for (chunk, sections) in g.chunks.iter().zip(sections) {
+                    pack_renewal(&mut packed, batch, chunk, sections, self.flags(false));
                 }
                 Job {
                     redis: &g.node.redis,
@@ -1240,11 +1251,12 @@ fn split_owner(field: &str) -> (&str, &str) {
 }
 
 /// Whether two renewals can share a section of the renewal script: same
-/// lease, same script mode, same owner prefix (the client's, for every
-/// field of the usual shape: see `Hold::owner`).
+/// lease, same script mode, `GT` or not alike, same owner prefix (the
+/// client's, for every field of the usual shape: see `Hold::owner`).
 fn same_terms(a: &Renewal, b: &Renewal) -> bool {
     a.lease_ms == b.lease_ms
         && (a.kind == Kind::Read) == (b.kind == Kind::Read)
+        && a.keep_longer == b.keep_longer
         && (a.owner.is_some() && b.owner.is_some()
             || split_owner(a.hold.field()).0 == split_owner(b.hold.field()).0)
 }
@@ -1258,14 +1270,14 @@ fn same_field(a: &Renewal, b: &Renewal) -> bool {
 }
 
 /// Orders a chunk so that renewals sharing a section of the renewal script
-/// are next to each other (read holds last, then by lease and owner): a
-/// batch of one owner's locks is one section with one argument per lock.
+/// are next to each other (read holds last, then by lease, `GT` and owner):
+/// a batch of one owner's locks is one section with one argument per lock.
 /// The schedule hands them over mostly in that order already, and the sort
 /// keeps the runs it finds. Only numbers are compared: no field is read.
 fn sort_chunk(batch: &[Renewal], chunk: &mut [usize]) {
     let key = |&i: &usize| {
         let r = &batch[i];
-        (r.kind == Kind::Read, r.lease_ms, r.owner)
+        (r.kind == Kind::Read, r.lease_ms, r.keep_longer, r.owner)
     };
     // Usually in order already (one owner's locks of one lease): a check
     // costs less than a sort that finds it so.
@@ -1275,12 +1287,14 @@ fn sort_chunk(batch: &[Renewal], chunk: &mut [usize]) {
 }
 
 /// One section of a renewal script call: `chunk[start..end]`, in `mode`
-/// (see renew.lua).
+/// (see renew.lua), its locks' leases extended with `GT` if `keep_longer`
+/// (see [`Hold::take_due`]).
 #[derive(Debug, PartialEq, Eq)]
 struct Section {
     start: usize,
     end: usize,
     mode: Mode,
+    keep_longer: bool,
 }
 
 /// A section's mode (see renew.lua).
@@ -1295,12 +1309,15 @@ enum Mode {
 }
 
 impl Mode {
-    /// As renew.lua reads it.
-    fn arg(self) -> &'static [u8] {
-        match self {
-            Mode::Field => b"f",
-            Mode::Each => b"e",
-            Mode::Read => b"r",
+    /// As renew.lua reads it: upper case for a section whose leases cannot
+    /// be shorter than those their keys carry (no `GT`).
+    fn arg(self, keep_longer: bool) -> &'static [u8] {
+        match (self, keep_longer) {
+            (Mode::Field, true) => b"f",
+            (Mode::Field, false) => b"F",
+            (Mode::Each, true) => b"e",
+            (Mode::Each, false) => b"E",
+            (Mode::Read, _) => b"r",
         }
     }
 
@@ -1314,26 +1331,48 @@ impl Mode {
     }
 }
 
+/// Orders `chunk` ([`sort_chunk`]) and gives its [`sections`]. The usual
+/// chunk, one section, is found so in one pass, with no sort.
+fn arrange(batch: &[Renewal], chunk: &mut [usize]) -> Vec<Section> {
+    if let Some(one) = one_section(batch, chunk) {
+        return vec![one];
+    }
+    sort_chunk(batch, chunk);
+    sections_by_runs(batch, chunk)
+}
+
 /// The sections of `chunk`, in its order: a read hold's section (`r`), a run
 /// of locks of one owner field (`f`: the field once, a generation per lock),
 /// or locks of one owner prefix that each have their own field (`e`).
 fn sections(batch: &[Renewal], chunk: &[usize]) -> Vec<Section> {
-    // The usual chunk: locks of one owner field and one lease, no read
-    // hold: one section, found in one pass (what the general case below
-    // makes of it too).
+    match one_section(batch, chunk) {
+        Some(one) => vec![one],
+        None => sections_by_runs(batch, chunk),
+    }
+}
+
+/// The usual chunk: locks of one owner field and one lease, no read hold:
+/// one section, found in one pass (what [`sections_by_runs`] makes of it
+/// too).
+fn one_section(batch: &[Renewal], chunk: &[usize]) -> Option<Section> {
     if let [first, rest @ ..] = chunk {
         let f = &batch[*first];
-        let one =
-            |r: &Renewal| r.owner == f.owner && r.lease_ms == f.lease_ms && r.kind != Kind::Read;
+        let one = |r: &Renewal| {
+            r.owner == f.owner
+                && r.lease_ms == f.lease_ms
+                && r.keep_longer == f.keep_longer
+                && r.kind != Kind::Read
+        };
         if f.owner.is_some() && !rest.is_empty() && one(f) && rest.iter().all(|&i| one(&batch[i])) {
-            return vec![Section {
+            return Some(Section {
                 start: 0,
                 end: chunk.len(),
                 mode: Mode::Field,
-            }];
+                keep_longer: f.keep_longer,
+            });
         }
     }
-    sections_by_runs(batch, chunk)
+    None
 }
 
 /// [`sections`] of any chunk.
@@ -1346,11 +1385,13 @@ fn sections_by_runs(batch: &[Renewal], chunk: &[usize]) -> Vec<Section> {
         while e < chunk.len() && same_terms(first, &batch[chunk[e]]) {
             e += 1;
         }
+        let keep_longer = first.keep_longer;
         if first.kind == Kind::Read {
             out.push(Section {
                 start: s,
                 end: e,
                 mode: Mode::Read,
+                keep_longer,
             });
             s = e;
             continue;
@@ -1368,12 +1409,14 @@ fn sections_by_runs(batch: &[Renewal], chunk: &[usize]) -> Vec<Section> {
                         start: from,
                         end: r,
                         mode: Mode::Each,
+                        keep_longer,
                     });
                 }
                 out.push(Section {
                     start: r,
                     end: q,
                     mode: Mode::Field,
+                    keep_longer,
                 });
             } else {
                 singles.get_or_insert(r);
@@ -1385,6 +1428,7 @@ fn sections_by_runs(batch: &[Renewal], chunk: &[usize]) -> Vec<Section> {
                 start: from,
                 end: e,
                 mode: Mode::Each,
+                keep_longer,
             });
         }
         s = e;
@@ -1464,9 +1508,14 @@ fn packed_room(locks: usize, sections: usize) -> usize {
 /// `flags`) to a pipeline's bytes, encoded as Redis reads it (RESP): the
 /// same call as [`renew_command`]'s, with every argument copied once, not
 /// twice (into a `redis::Cmd`, then into the pipeline).
-fn pack_renewal(out: &mut Vec<u8>, batch: &[Renewal], chunk: &[usize], flags: Flags) {
+fn pack_renewal(
+    out: &mut Vec<u8>,
+    batch: &[Renewal],
+    chunk: &[usize],
+    sections: &[Section],
+    flags: Flags,
+) {
     use redis::{RedisWrite, ToRedisArgs};
-    let sections = sections(batch, chunk);
     // EVALSHA, the SHA, the key count, the keys, the flags, the sections.
     let args = 4
         + chunk.len()
@@ -1485,7 +1534,7 @@ fn pack_renewal(out: &mut Vec<u8>, batch: &[Renewal], chunk: &[usize], flags: Fl
     packed.write_arg(b"EVALSHA");
     packed.write_arg(scripts::RENEW.sha().as_bytes());
     chunk.len().write_redis_args(&mut packed);
-    write_renewal(&mut packed, batch, chunk, &sections, flags);
+    write_renewal(&mut packed, batch, chunk, sections, flags);
 }
 
 /// The keys and arguments of a renewal script call (see renew.lua).
@@ -1509,7 +1558,7 @@ fn write_renewal<W: RenewalWrite>(
         let (prefix, _) = split_owner(first.hold.field());
         first.lease_ms.write_redis_args(w);
         (sec.end - sec.start).write_redis_args(w);
-        w.write_arg(sec.mode.arg());
+        w.write_arg(sec.mode.arg(sec.keep_longer));
         w.write_arg(if sec.mode == Mode::Field {
             first.hold.field().as_bytes()
         } else {
@@ -1722,7 +1771,8 @@ mod tests {
             vec![Section {
                 start: 0,
                 end: 5,
-                mode: Mode::Field
+                mode: Mode::Field,
+                keep_longer: false,
             }]
         );
         assert_eq!(sections(&one, &chunk), sections_by_runs(&one, &chunk));
@@ -1753,6 +1803,8 @@ mod tests {
         }
     }
 
+    /// A renewal; one with an odd lease (or of the read-write lock) keeps a
+    /// longer lease (`GT`).
     fn renewal(name: &str, field: &str, kind: Kind, lease_ms: u64, gen: Option<u64>) -> Renewal {
         let hold = Arc::new(Hold::new(
             1,
@@ -1775,6 +1827,7 @@ mod tests {
             interval: Duration::from_secs(1),
             lease_ms,
             token: RenewToken { epoch: None, gen },
+            keep_longer: kind.is_rw() || lease_ms % 2 == 1,
             capped: false,
         }
     }
@@ -1795,6 +1848,8 @@ mod tests {
             renewal("e", &format!("{u}:4"), Kind::Read, 9_000, Some(123_456_789)),
             renewal("f", "someone-else:9", Kind::Plain, 5, Some(u64::MAX)),
             renewal("", &format!("{u}:1"), Kind::Plain, 30_000, Some(0)),
+            renewal("g", &format!("{u}:6"), Kind::Plain, 30_001, Some(1)),
+            renewal("h", &format!("{u}:6"), Kind::Plain, 30_001, Some(2)),
         ];
         // Enough locks for a call of more than 99 arguments, so that every
         // width of number is written.
@@ -1809,13 +1864,14 @@ mod tests {
             ));
         }
         let mut chunk: Vec<usize> = (0..batch.len()).collect();
-        sort_chunk(&batch, &mut chunk);
-        let modes: String = sections(&batch, &chunk)
+        let arranged = arrange(&batch, &mut chunk);
+        assert_eq!(arranged, sections(&batch, &chunk));
+        let modes: String = arranged
             .iter()
-            .map(|s| String::from_utf8_lossy(s.mode.arg()).into_owned())
+            .map(|s| String::from_utf8_lossy(s.mode.arg(s.keep_longer)).into_owned())
             .collect();
         assert!(
-            modes.contains('f') && modes.contains('e') && modes.contains('r'),
+            "fFeEr".chars().all(|m| modes.contains(m)),
             "every section mode: {modes}"
         );
         for relative in [false, true] {
@@ -1824,8 +1880,9 @@ mod tests {
                 relative,
             };
             let mut packed = Vec::new();
-            pack_renewal(&mut packed, &batch, &chunk, flags);
-            pack_renewal(&mut packed, &batch, &chunk[..1], flags);
+            pack_renewal(&mut packed, &batch, &chunk, &arranged, flags);
+            let one = arrange(&batch, &mut chunk[..1]);
+            pack_renewal(&mut packed, &batch, &chunk[..1], &one, flags);
             let mut expected = renew_command(&batch, &chunk, false, flags).get_packed_command();
             expected.extend(renew_command(&batch, &chunk[..1], false, flags).get_packed_command());
             assert_eq!(

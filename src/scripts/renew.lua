@@ -11,10 +11,13 @@
 --            per lock: the rest of its owner field, its generation
 --   mode 'r' (read holds): as 'e', then per lock the hold keys' prefix (see
 --            rw_lib.lua)
+--   modes 'F', 'E': as 'f', 'e', for locks whose keys can carry no longer
+--            lease than this one (the client knows what each generation
+--            set): extended without GT
 -- KEYS: the locks, in the order of the sections.
 -- A generation is compared as written ('g<id>' for the read-write lock).
 -- A renewal never shortens a lease (GT; on a server older than 7.0, which
--- refuses GT, PTTL first). A lease is set as Redis's clock at the start of
+-- refuses GT, PTTL first; modes 'F' and 'E' need neither). A lease is set as Redis's clock at the start of
 -- the call plus the lease (PEXPIREAT, the clock read with TIME once per
 -- call): less work for Redis per lock than PEXPIRE, which it rewrites to
 -- PEXPIREAT with a new argument on every call. Where that cannot be (the
@@ -37,8 +40,11 @@
 -- (1-based position, 0) when the lock is gone (the holder has lost it), or
 -- (position, "<generation found>") when the generation differs (stale);
 -- and the pair (0, 'pexpire') when PEXPIREAT could not be used here.
+-- As locals: a global is looked up by its name at every use, and the
+-- loops below run once per lock.
+local KEYS, ARGV, call = KEYS, ARGV, redis.call
 local flags = tonumber(ARGV[1])
-local read = redis.call
+local read = call
 if flags % 2 == 1 then
     read = redis.pcall
 end
@@ -72,6 +78,25 @@ end
 -- Whether the expire commands take GT here (Redis 7 and later): unknown
 -- until the first lock is extended, which finds out.
 local gt
+-- The command known to be allowed here, once a lock was extended with it.
+local allowed
+-- Extends a lock's lease without GT, finding out first, if not known yet,
+-- whether PEXPIREAT is allowed (PEXPIRE from then on where it is not).
+-- Returns the command and time argument to go on with.
+local function extend_plain(key, lease, cmd, when)
+    if cmd == 'pexpireat' then
+        if type(redis.pcall(cmd, key, when)) == 'number' then
+            allowed = cmd
+            return cmd, when
+        end
+        now = nil
+        relative = true
+        cmd, when = 'pexpire', lease
+    end
+    redis.call(cmd, key, when)
+    allowed = cmd
+    return cmd, when
+end
 -- Extends a lock's lease while GT is not known to work: the first lock
 -- finds out (with PEXPIREAT refused by the ACL, PEXPIRE from then on);
 -- without GT, the TTL is read first. Returns the command and time argument
@@ -80,6 +105,7 @@ local function extend_slow(key, lease, cmd, when)
     if gt == nil then
         if type(redis.pcall(cmd, key, when, 'gt')) == 'number' then
             gt = true
+            allowed = cmd
             return cmd, when
         end
         if cmd == 'pexpireat' then
@@ -88,6 +114,7 @@ local function extend_slow(key, lease, cmd, when)
             cmd, when = 'pexpire', lease
             if type(redis.pcall(cmd, key, when, 'gt')) == 'number' then
                 gt = true
+                allowed = cmd
                 return cmd, when
             end
         end
@@ -103,15 +130,29 @@ while a <= #ARGV do
     local lease, n, mode, owner = ARGV[a], tonumber(ARGV[a + 1]), ARGV[a + 2], ARGV[a + 3]
     a = a + 4
     local cmd, when = extension(lease)
-    if mode == 'f' then
+    -- Upper case: without GT.
+    local plain = mode == 'F' or mode == 'E'
+    if mode ~= 'r' then
+        -- 'e', 'E': each lock's own field, its rest before its generation.
+        local each = mode == 'e' or mode == 'E'
         local field = owner .. ':gen'
         for _ = 1, n do
             i = i + 1
             local key = KEYS[i]
+            if each then
+                field = owner .. ARGV[a] .. ':gen'
+                a = a + 1
+            end
             local gen = read('hget', key, field)
             if gen == ARGV[a] then
-                if gt then
-                    redis.call(cmd, key, when, 'gt')
+                if plain then
+                    if cmd == allowed then
+                        call(cmd, key, when)
+                    else
+                        cmd, when = extend_plain(key, lease, cmd, when)
+                    end
+                elseif gt then
+                    call(cmd, key, when, 'gt')
                 else
                     cmd, when = extend_slow(key, lease, cmd, when)
                 end
@@ -120,23 +161,6 @@ while a <= #ARGV do
                 out[#out + 1] = type(gen) == 'string' and gen or 0
             end
             a = a + 1
-        end
-    elseif mode == 'e' then
-        for _ = 1, n do
-            i = i + 1
-            local key = KEYS[i]
-            local gen = read('hget', key, owner .. ARGV[a] .. ':gen')
-            if gen == ARGV[a + 1] then
-                if gt then
-                    redis.call(cmd, key, when, 'gt')
-                else
-                    cmd, when = extend_slow(key, lease, cmd, when)
-                end
-            else
-                out[#out + 1] = i
-                out[#out + 1] = type(gen) == 'string' and gen or 0
-            end
-            a = a + 2
         end
     else
         for _ = 1, n do

@@ -124,31 +124,38 @@ fn the_relative_flag_extends_with_pexpire_and_reads_no_clock() {
     }
 }
 
+/// Locks k1 to k5 for a call of two sections (one field, then each its own)
+/// of `OWNER`: k1 (tid 1, generation 10, PTTL `k1_ms`) renewable, k2 stale
+/// (generation 99), k3 gone, k4 (tid 2, generation 11) renewable, k5 held
+/// by someone else (PTTL 1 s).
+fn five_locks(conn: &mut redis::Connection, k1_ms: u64) {
+    held(conn, "k1", "1", "10", k1_ms);
+    held(conn, "k2", "1", "99", 1_000);
+    let _: () = redis::cmd("DEL").arg("k3").query(conn).unwrap();
+    held(conn, "k4", "2", "11", 1_000);
+    let _: () = redis::cmd("DEL").arg("k5").query(conn).unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg("k5")
+        .arg("other-client:7")
+        .arg(1)
+        .query(conn)
+        .unwrap();
+    let _: () = redis::cmd("PEXPIRE")
+        .arg("k5")
+        .arg(1_000)
+        .query(conn)
+        .unwrap();
+}
+
 #[test]
 fn sections_renew_matching_generations_and_report_the_rest_by_position() {
     let srv = RedisServer::start();
     let mut conn = srv.conn();
     both_paths(|script| {
-        // Section 'f' (one field, tid 1): k1 ok, k2 stale, k3 gone.
-        held(&mut conn, "k1", "1", "10", 1_000);
-        held(&mut conn, "k2", "1", "99", 1_000);
-        let _: () = redis::cmd("DEL").arg("k3").query(&mut conn).unwrap();
-        // Section 'e' (own fields): k4 (tid 2) ok, k5 (tid 3) held by
-        // someone else (no field of this owner), k6 (tid 4) ok but with a
-        // longer lease than the renewal's: never shortened.
-        held(&mut conn, "k4", "2", "11", 1_000);
-        let _: () = redis::cmd("DEL").arg("k5").query(&mut conn).unwrap();
-        let _: () = redis::cmd("HSET")
-            .arg("k5")
-            .arg("other-client:7")
-            .arg(1)
-            .query(&mut conn)
-            .unwrap();
-        let _: () = redis::cmd("PEXPIRE")
-            .arg("k5")
-            .arg(1_000)
-            .query(&mut conn)
-            .unwrap();
+        // Section 'f' (one field, tid 1): k1 to k3; section 'e' (own
+        // fields): k4, k5 (tid 3: no field of this owner), and k6 (tid 4)
+        // ok but with a longer lease than the renewal's: never shortened.
+        five_locks(&mut conn, 1_000);
         held(&mut conn, "k6", "4", "12", 100_000);
         let owner1 = format!("{OWNER}1");
         let reply = run(
@@ -189,6 +196,66 @@ fn sections_renew_matching_generations_and_report_the_rest_by_position() {
         assert!(
             pttl(&mut conn, "k6") > 50_000,
             "a renewal shortened a longer lease"
+        );
+    });
+}
+
+/// Sections in upper case ('F', 'E': the client knows that no key of
+/// theirs carries a longer lease) set the lease as it is, with no `GT` and
+/// no `PTTL` read, on either path; generations are checked as in lower case.
+#[test]
+fn upper_case_sections_set_the_lease_without_gt() {
+    let srv = RedisServer::start();
+    let mut conn = srv.conn();
+    both_paths(|script| {
+        // 'F': k1 to k3, k1's lease longer than the renewal's (set as
+        // asked); 'E': k4, k5.
+        five_locks(&mut conn, 100_000);
+        assert_eq!(srv.cmd(&["CONFIG", "RESETSTAT"]), "OK");
+        let owner1 = format!("{OWNER}1");
+        let reply = run(
+            &mut conn,
+            script,
+            &["k1", "k2", "k3", "k4", "k5"],
+            &[
+                "0", "20000", "3", "F", &owner1, "10", "10", "10", "20000", "2", "E", OWNER, "2",
+                "11", "3", "11",
+            ],
+        )
+        .expect("renewal script");
+        assert_eq!(
+            (
+                srv.command_stat("pexpireat", "calls"),
+                srv.command_stat("pttl", "calls")
+            ),
+            (2, 0),
+            "one PEXPIREAT per renewed lock, no TTL read"
+        );
+        // No GT asked for: no note, on a server that refuses GT too.
+        assert_eq!(
+            all_pairs(reply),
+            vec![
+                (2, "99".to_owned()),
+                (3, "0".to_owned()),
+                (5, "0".to_owned())
+            ],
+            "renewal outcomes by position"
+        );
+        for k in ["k1", "k4"] {
+            let ms = pttl(&mut conn, k);
+            assert!(
+                (10_001..=20_000).contains(&ms),
+                "{k} set to the 20 s lease: PTTL {ms}"
+            );
+        }
+        assert!(
+            pttl(&mut conn, "k2") <= 1_000,
+            "a stale renewal extended k2"
+        );
+        assert_eq!(pttl(&mut conn, "k3"), -2, "a gone lock was brought back");
+        assert!(
+            pttl(&mut conn, "k5") <= 1_000,
+            "another owner's lock was extended"
         );
     });
 }
