@@ -824,7 +824,57 @@ impl redlease::HandleEvent for Counting {
     }
 }
 
+/// Acquire + release pairs counted in `--redis-instructions` mode.
+const INSTRUCTION_PAIRS: u64 = 2_000;
+
+/// `--redis-instructions`: with Redis under callgrind (see
+/// `support::callgrind_out`), the instructions Redis runs per acquire +
+/// release for the peer, Redisson's current scripts sent raw and redlease
+/// (both kinds of lease): counts that do not move with the machine's load.
+fn redis_instructions_run() {
+    let server = support::start_server();
+    let client = redlease::Client::open(server.url()).expect("client");
+    let mut conn = server.conn();
+    let mut peer = NonReentrant::new(&mut conn, "bench:ri:nonreentrant");
+    let mut current = RawPair::new(&mut conn, "bench:ri:current", Scripts::Current);
+    let lock = client.lock("bench:ri:redlease");
+    let count = |name: &str, op: &mut dyn FnMut()| {
+        // Warmed up first: connections made, scripts loaded.
+        for _ in 0..100 {
+            op();
+        }
+        let n = support::redis_instructions(&server, || {
+            for _ in 0..INSTRUCTION_PAIRS {
+                op();
+            }
+        });
+        let per_pair = n as f64 / INSTRUCTION_PAIRS as f64;
+        println!("COUNT: {name} {per_pair:.0}");
+        per_pair
+    };
+    let peer = count("peer", &mut || peer.run(&mut conn));
+    let current = count("current", &mut || current.run(&mut conn));
+    let lease = count("lease", &mut || {
+        drop(lock.lock_with_lease(LEASE).expect("lock_with_lease"))
+    });
+    let watchdog = count("watchdog", &mut || drop(lock.lock().expect("lock")));
+    println!(
+        "SUMMARY: redis instructions per acquire + release (callgrind, {INSTRUCTION_PAIRS} pairs) | \
+         peer (SET NX PX + compare-and-delete) {peer:.0} | Redisson current scripts raw {current:.0} \
+         ({:.2} x peer) | redlease lock_with_lease()+drop {lease:.0} ({:.2} x peer, {:.2} x current) | \
+         lock()+drop {watchdog:.0} ({:.2} x peer, {:.2} x current)",
+        current / peer,
+        lease / peer,
+        lease / current,
+        watchdog / peer,
+        watchdog / current,
+    );
+}
+
 fn main() {
+    if std::env::args().any(|a| a == "--redis-instructions") {
+        return redis_instructions_run();
+    }
     support::pin_self();
     let mode = support::mode();
     let full = mode == Mode::Bench;

@@ -527,9 +527,72 @@ fn instructions_run() {
     drop(server);
 }
 
+/// Locks held in `--redis-instructions` mode (Redis under callgrind runs
+/// some 50 times slower: few enough to renew every second).
+const REDIS_INSTRUCTIONS_N: usize = 2_000;
+/// Renewal rounds counted in `--redis-instructions` mode.
+const REDIS_INSTRUCTIONS_ROUNDS: u32 = 3;
+
+/// `--redis-instructions`: with Redis under callgrind (see
+/// `support::callgrind_out`), the instructions Redis runs per renewal for
+/// [`REDIS_INSTRUCTIONS_N`] watched locks, beside the bare `PEXPIRE` loop
+/// over as many hashes of the same shape, each over
+/// [`REDIS_INSTRUCTIONS_ROUNDS`] seconds (so that Redis's own timers weigh
+/// alike): counts that do not move with the machine's load.
+fn redis_instructions_run() {
+    let n = REDIS_INSTRUCTIONS_N;
+    let window = RENEW_EVERY * REDIS_INSTRUCTIONS_ROUNDS;
+    let server = support::start_server();
+    let client = redlease::Client::builder(server.url())
+        .watchdog_timeout(LEASE)
+        .build()
+        .expect("client");
+    let guards = support::hold_fresh_locks(&client, "bench:wd-ri:", n);
+    // Past the first renewals, which come in small batches as the locks
+    // were taken one after another.
+    std::thread::sleep(RENEW_EVERY * 2);
+    let s0 = client.stats();
+    let counted = support::redis_instructions(&server, || std::thread::sleep(window));
+    let s1 = client.stats();
+    let renewals = s1.renewals - s0.renewals;
+    let lost = guards.iter().filter(|g| g.is_lost()).count();
+    drop(guards);
+    let mut conn = server.conn();
+    let sha = support::script_load(&mut conn, BARE_LOOP_LUA);
+    let keys = bare_keys(&mut conn, "bench:wd-ri-bare", n);
+    let mut pipe = redis::pipe();
+    for chunk in keys.chunks(BARE_CHUNK) {
+        pipe.cmd("EVALSHA")
+            .arg(&sha)
+            .arg(chunk.len())
+            .arg(chunk)
+            .arg(LEASE.as_millis() as u64)
+            .ignore();
+    }
+    let bare = support::redis_instructions(&server, || {
+        let t0 = Instant::now();
+        for round in 0..REDIS_INSTRUCTIONS_ROUNDS {
+            pipe.query::<()>(&mut conn).expect("bare PEXPIRE loop");
+            let next = t0 + RENEW_EVERY * (round + 1);
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        }
+    });
+    let per_renewal = counted as f64 / renewals.max(1) as f64;
+    let per_bare = bare as f64 / (n as f64 * f64::from(REDIS_INSTRUCTIONS_ROUNDS));
+    println!(
+        "SUMMARY: redis instructions per renewal (callgrind, {n} locks, {window:?}) | \
+         redlease {per_renewal:.0} ({renewals} renewals, {lost} lost) | bare PEXPIRE loop \
+         {per_bare:.0} | ratio {:.2} (goal <= 1.5 of Redis CPU)",
+        per_renewal / per_bare
+    );
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--instructions") {
         return instructions_run();
+    }
+    if std::env::args().any(|a| a == "--redis-instructions") {
+        return redis_instructions_run();
     }
     support::pin_self();
     let mode = support::mode();

@@ -11,7 +11,12 @@
 # bench's --instructions mode under valgrind's callgrind (needs valgrind):
 # instructions and simulated cache misses per renewal of 20,000 watched
 # locks, counted over 5 s, which do not move with the machine's load (one
-# round is enough; it takes about a minute per revision).
+# round is enough; it takes about a minute per revision). The pseudo-benches
+# "redis-instructions-lock" and "redis-instructions-watchdog" run Redis
+# itself under callgrind (needs valgrind): the instructions Redis runs per
+# acquire + release (beside the peer and Redisson's current scripts) and per
+# renewal (beside the bare PEXPIRE loop), as steady as the client's counts
+# (about 15 s each per revision).
 # Each revision is built once (release, `cargo bench --no-run`) in a
 # worktree under target/bench-compare/; then ROUNDS rounds (default 2) run
 # every bench of both revisions, alternating which goes first. The output
@@ -29,7 +34,7 @@ if [ "${1:-}" = "-n" ]; then
     shift 2
 fi
 if [ $# -lt 1 ]; then
-    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 base=$1
@@ -49,7 +54,8 @@ mkdir -p "$work" "$out"
 # target BENCH: the bench target that BENCH runs.
 target() {
     case $1 in
-    watchdog-instructions) echo watchdog ;;
+    watchdog-instructions | redis-instructions-watchdog) echo watchdog ;;
+    redis-instructions-lock) echo lock ;;
     *) echo "$1" ;;
     esac
 }
@@ -91,6 +97,24 @@ with open(out, "w") as f:
                 "%.2f D1 misses (32 KB) | %.3f LL misses (8 MB) | %d renewals%s\n"
                 % (ir / n, d1 / n, ll / n, n, m.group(2)))
 PY
+}
+
+# redis_instructions BIN OUT: BIN's --redis-instructions mode, its Redis
+# started under callgrind through a wrapper (REDIS_SERVER_BIN); BIN prints
+# its SUMMARY lines into OUT.
+redis_instructions() {
+    local bin=$1 out=$2
+    command -v valgrind >/dev/null || { echo "SUMMARY: valgrind is not installed" >"$out"; return 1; }
+    local server
+    server=$(command -v redis-server) || { echo "SUMMARY: redis-server is not installed" >"$out"; return 1; }
+    local wrap=$work/redis-under-callgrind.sh
+    printf '#!/bin/sh\nexec valgrind --tool=callgrind --callgrind-out-file="$REDLEASE_CALLGRIND_OUT" %s "$@"\n' \
+        "$server" >"$wrap"
+    chmod +x "$wrap"
+    rm -f "$out".callgrind*
+    grep -qa "redis instructions per" "$bin" ||
+        { echo "SUMMARY: this revision has no --redis-instructions mode" >"$out"; return 0; }
+    REDIS_SERVER_BIN=$wrap REDLEASE_CALLGRIND_OUT=$out.callgrind "$bin" --redis-instructions >"$out" 2>&1
 }
 
 # build REV LABEL: bench binaries of REV copied to $work/bin/LABEL-<bench>.
@@ -138,6 +162,9 @@ for round in $(seq 1 "$rounds"); do
             if [ "$b" = watchdog-instructions ]; then
                 instructions "$work/bin/$label-$b" "$out/$b-$label-$round.txt" ||
                     echo "   (see $out/$b-$label-$round.txt)" >&2
+            elif [ "${b#redis-instructions-}" != "$b" ]; then
+                redis_instructions "$work/bin/$label-$b" "$out/$b-$label-$round.txt" ||
+                    echo "   (exit $?, see $out/$b-$label-$round.txt)" >&2
             else
                 "$work/bin/$label-$b" --bench >"$out/$b-$label-$round.txt" 2>&1 ||
                     echo "   (exit $?, see $out/$b-$label-$round.txt)" >&2

@@ -387,3 +387,74 @@ pub fn ratio(rates: &[Vec<f64>], a: usize, b: usize, scale: f64) -> f64 {
         .collect();
     median(&per_round)
 }
+
+/// Whether the bench's Redis runs under callgrind: `REDLEASE_CALLGRIND_OUT`
+/// names its `--callgrind-out-file` (what the pseudo-bench
+/// `redis-instructions` of `scripts/bench_compare.sh` sets up, with
+/// `REDIS_SERVER_BIN` a wrapper that starts redis-server under valgrind).
+pub fn callgrind_out() -> Option<String> {
+    std::env::var("REDLEASE_CALLGRIND_OUT")
+        .ok()
+        .filter(|s| !s.is_empty())
+}
+
+/// The instructions Redis (under callgrind, see [`callgrind_out`]) ran
+/// while `f` ran: its counts zeroed before, dumped after and read from the
+/// dump. They do not move with the machine's load, so a change to a script
+/// shows in one run.
+pub fn redis_instructions(server: &RedisServer, f: impl FnOnce()) -> u64 {
+    let out = callgrind_out().expect("REDLEASE_CALLGRIND_OUT names the callgrind output");
+    let pid = server.pid().expect("redis-server runs").to_string();
+    let control = |what: &str| {
+        let status = Command::new("callgrind_control")
+            .args([what, &pid])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("callgrind_control runs (valgrind is installed)");
+        assert!(status.success(), "callgrind_control {what} {pid} failed");
+    };
+    let dumps = || -> Vec<std::path::PathBuf> {
+        let path = std::path::Path::new(&out);
+        let dir = path.parent().expect("the output file's directory");
+        let name = path.file_name().expect("the output file's name");
+        let prefix = format!("{}.", name.to_string_lossy());
+        let mut found: Vec<_> = std::fs::read_dir(dir)
+            .expect("the callgrind output directory")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+            })
+            .collect();
+        found.sort();
+        found
+    };
+    let before = dumps();
+    control("-z");
+    f();
+    control("-d");
+    let started = std::time::Instant::now();
+    loop {
+        let new: Vec<_> = dumps()
+            .into_iter()
+            .filter(|d| !before.contains(d))
+            .collect();
+        if let Some(dump) = new.first() {
+            let text = std::fs::read_to_string(dump).unwrap_or_default();
+            let total = text.lines().find_map(|l| {
+                l.strip_prefix("summary: ")
+                    .or_else(|| l.strip_prefix("totals: "))
+                    .and_then(|n| n.split_whitespace().next()?.parse().ok())
+            });
+            if let Some(total) = total {
+                return total;
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "waited 60 s for callgrind's dump of redis-server {pid} next to {out}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
