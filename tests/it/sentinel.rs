@@ -411,7 +411,12 @@ fn failover(sync: bool) -> usize {
         "sync {sync}: {lost} of 50 locks lost; waiter acquired {latency:?} after the release ({got:?})"
     );
     assert!(got.expect("the waiter got no error"), "the waiter acquired");
-    assert!(latency < Duration::from_secs(1), "{latency:?}");
+    // Woken by the release: a waiter that missed it would try again only
+    // once the holder's lease (10 s, renewed) could have run out.
+    assert!(
+        latency < Duration::from_secs(5),
+        "the waiter was not woken by the release: it acquired {latency:?} after it"
+    );
     for g in guards {
         drop(g);
     }
@@ -491,9 +496,11 @@ fn sentinel_and_master_credentials() {
         let took = started.elapsed();
         eprintln!("wrong {what} ({took:?}): {err}");
         assert!(err.is_auth(), "wrong {what}: {err:?}");
+        // Refused at once, not tried again until the 5 s connection
+        // timeout.
         assert!(
-            took < Duration::from_secs(1),
-            "wrong {what} at once ({took:?})"
+            took < Duration::from_millis(2500),
+            "wrong {what}: failed after {took:?}, as if retried until the connection timeout"
         );
     }
 }
