@@ -1,6 +1,10 @@
 //! The Lua scripts (one `.lua` file each, next to this module), how they are
 //! run (EVALSHA, falling back to EVAL on NOSCRIPT: still one round trip), and
 //! the Redis key names of the Redisson layout.
+//!
+//! The scripts write constant arguments of `redis.call` as strings (`'1'`,
+//! not `1`): Redis turns a Lua number into text on every call, some 1,500
+//! instructions each (`bench_compare.sh … redis-instructions-lock`).
 
 use std::sync::LazyLock;
 

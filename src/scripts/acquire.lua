@@ -41,7 +41,7 @@ if ARGV[7] then
     last = last - 1
 end
 for i = first, last do
-    redis.call('set', KEYS[i], 1, 'px', ARGV[6])
+    redis.call('set', KEYS[i], '1', 'px', ARGV[6])
 end
 -- Queues this process (its entry outliving the caller's next try: the
 -- holder's lease or the caller's wait, whichever ends first) and marks the
@@ -61,7 +61,7 @@ local function join(wait, mark)
         redis.call('pexpire', queue, wait + 2000)
     end
     if mark then
-        redis.call('hset', KEYS[1], QUEUED, 1)
+        redis.call('hset', KEYS[1], QUEUED, '1')
     end
 end
 -- One call tells the usual case: the lock is free and this request was not
@@ -93,7 +93,7 @@ if mine then
     if ARGV[7] == 'q' then
         -- Other waiters of this process still wait: it stays queued, and
         -- the hash says so.
-        redis.call('hset', KEYS[1], ARGV[2], ARGV[3], ARGV[2] .. ':gen', ARGV[4], QUEUED, 1)
+        redis.call('hset', KEYS[1], ARGV[2], ARGV[3], ARGV[2] .. ':gen', ARGV[4], QUEUED, '1')
     else
         redis.call('hset', KEYS[1], ARGV[2], ARGV[3], ARGV[2] .. ':gen', ARGV[4])
     end
@@ -106,7 +106,7 @@ if mine then
             -- Other processes still queued: this hold's release wakes one.
             local n = redis.pcall('zcard', queue)
             if type(n) == 'number' and n > 0 then
-                redis.call('hset', KEYS[1], QUEUED, 1)
+                redis.call('hset', KEYS[1], QUEUED, '1')
             end
         end
     end

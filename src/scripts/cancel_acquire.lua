@@ -15,7 +15,7 @@
 if redis.call('exists', KEYS[3]) == 1 then
     return 0
 end
-redis.call('set', KEYS[3], 1, 'px', ARGV[4])
+redis.call('set', KEYS[3], '1', 'px', ARGV[4])
 local held = tonumber(redis.call('hget', KEYS[1], ARGV[1]) or 0)
 local want = tonumber(ARGV[2])
 if held <= want then
@@ -25,7 +25,7 @@ if want > 0 then
     redis.call('hset', KEYS[1], ARGV[1], want, ARGV[1] .. ':gen', ARGV[5])
     redis.call('pexpire', KEYS[1], ARGV[3])
 else
-    redis.call(ARGV[6], KEYS[2], 0)
+    redis.call(ARGV[6], KEYS[2], '0')
     redis.call('del', KEYS[1])
 end
 return 1

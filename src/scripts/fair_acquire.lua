@@ -15,7 +15,7 @@
 -- believes it holds the lock but its field is gone, else the holder's PTTL
 -- (-2 when the lock is free but another waiter is first in line).
 for i = 6, #KEYS do
-    redis.call('set', KEYS[i], 1, 'px', ARGV[7])
+    redis.call('set', KEYS[i], '1', 'px', ARGV[7])
 end
 if redis.call('exists', KEYS[2]) == 1 then
     return -3
@@ -51,7 +51,7 @@ if keep > 0 then
     redis.call('pexpire', KEYS[5], math.max(ttl, keep + REDISSON_WAIT))
     local score = string.format('%d', now + keep + REDISSON_WAIT)
     if redis.call('zadd', KEYS[4], score, ARGV[2]) == 1 then
-        redis.call('lrem', KEYS[3], 0, ARGV[2])
+        redis.call('lrem', KEYS[3], '0', ARGV[2])
         redis.call('rpush', KEYS[3], ARGV[2])
     end
 end

@@ -10,7 +10,7 @@
 if redis.call('exists', KEYS[6]) == 1 then
     return 0
 end
-redis.call('set', KEYS[6], 1, 'px', ARGV[3])
+redis.call('set', KEYS[6], '1', 'px', ARGV[3])
 leave_line(KEYS[3], KEYS[4], KEYS[5], ARGV[1])
 if redis.call('exists', KEYS[1]) == 0 then
     wake_first(KEYS[3], KEYS[4], KEYS[5], KEYS[2], ARGV[2])

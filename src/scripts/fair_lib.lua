@@ -25,7 +25,7 @@ local REDISSON_WAIT = 300000
 -- that have none); returns the first waiter left, if any.
 local function first_in_line(queue, places, alive, now)
     while true do
-        local head = redis.call('lindex', queue, 0)
+        local head = redis.call('lindex', queue, '0')
         if not head then
             return nil
         end
@@ -43,7 +43,7 @@ end
 local function wake_first(queue, places, alive, channel, publish)
     local head = first_in_line(queue, places, alive, now_ms())
     if head then
-        redis.call(publish, channel .. ':' .. head, 0)
+        redis.call(publish, channel .. ':' .. head, '0')
     end
 end
 
@@ -51,6 +51,6 @@ end
 local function leave_line(queue, places, alive, owner)
     redis.call('zrem', places, owner)
     redis.call('hdel', alive, owner)
-    redis.call('lrem', queue, 0, owner)
+    redis.call('lrem', queue, '0', owner)
 end
 

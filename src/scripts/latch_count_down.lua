@@ -8,7 +8,7 @@ if v <= 0 then
     redis.call('del', KEYS[1])
 end
 if v == 0 then
-    redis.call(ARGV[1], KEYS[2], 0)
+    redis.call(ARGV[1], KEYS[2], '0')
 end
 if v < 0 then
     return 0

@@ -17,7 +17,7 @@ local now = now_ms()
 reclaim(KEYS[1], KEYS[2], KEYS[3], ARGV[3], now)
 local available = tonumber(redis.call('get', KEYS[1]) or 0)
 if available >= 1 then
-    redis.call('decrby', KEYS[1], 1)
+    redis.call('decrby', KEYS[1], '1')
     redis.call('zadd', KEYS[2], string.format('%d', now + tonumber(ARGV[1])), ARGV[2])
     local ttl = redis.call('pttl', KEYS[1])
     if ttl > 0 then
@@ -25,7 +25,7 @@ if available >= 1 then
     end
     return -1
 end
-local first = redis.call('zrange', KEYS[2], 0, 0, 'withscores')
+local first = redis.call('zrange', KEYS[2], '0', '0', 'withscores')
 -- Redisson's permits taken without a lease carry 922337203685477: never.
 if first[2] and tonumber(first[2]) < 922337203685477 then
     return math.max(0, tonumber(first[2]) - now)

@@ -12,7 +12,7 @@ end
 -- Counts permits whose lease ran out back (up to 1000 a call) and tells
 -- the waiters the new total when there is one to take.
 local function reclaim(name, out, channel, publish, now)
-    local expired = redis.call('zrangebyscore', out, 0, now, 'limit', 0, 1000)
+    local expired = redis.call('zrangebyscore', out, '0', now, 'limit', '0', '1000')
     if #expired > 0 then
         local total = tonumber(redis.call('get', name) or 0) + #expired
         if total > 0 then

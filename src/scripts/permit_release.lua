@@ -12,7 +12,7 @@
 -- Returns 1 if released, 2 if it was out but its lease had run out (counted
 -- back now), 0 if it was not out (released, or counted back already).
 if #KEYS == 5 then
-    redis.call('set', KEYS[5], 1, 'px', ARGV[4])
+    redis.call('set', KEYS[5], '1', 'px', ARGV[4])
 end
 local done = redis.call('get', KEYS[4])
 if done then
@@ -28,7 +28,7 @@ if total > 0 then
     redis.call(ARGV[2], KEYS[2], total)
 end
 redis.call('zrem', KEYS[3], ARGV[1])
-redis.call('incrby', KEYS[1], 1)
+redis.call('incrby', KEYS[1], '1')
 local result = 1
 if tonumber(expiry) <= now then
     result = 2

@@ -42,7 +42,7 @@ local function wake_queued(queue, channel, publish)
                 end
             end
             if listening ~= 0 then
-                local n = redis.pcall(publish, e[1], 0)
+                local n = redis.pcall(publish, e[1], '0')
                 if type(n) ~= 'number' then
                     break
                 end
@@ -52,6 +52,6 @@ local function wake_queued(queue, channel, publish)
             end
         end
     end
-    redis.call(publish, channel, 0)
+    redis.call(publish, channel, '0')
 end
 

@@ -26,7 +26,7 @@
 -- the owner took the lock again cannot touch that later hold; an owner's
 -- later operation sets the latch of its unsettled releases first, too.
 for i = FIRST_UNSETTLED, LAST_UNSETTLED do
-    redis.call('set', KEYS[i], 1, 'px', ARGV[7])
+    redis.call('set', KEYS[i], '1', 'px', ARGV[7])
 end
 local done = redis.call('get', KEYS[3])
 if done then
@@ -42,7 +42,7 @@ if tonumber(ARGV[2]) > 0 then
     end
     redis.call('hset', KEYS[1], ARGV[1], ARGV[2], ARGV[1] .. ':gen', ARGV[5])
     redis.call('pexpire', KEYS[1], ARGV[3])
-    redis.call('set', KEYS[3], 0, 'px', ARGV[4])
+    redis.call('set', KEYS[3], '0', 'px', ARGV[4])
     return 0
 end
 -- The owner's count, and whether redlease waiters are queued (see
@@ -66,12 +66,12 @@ if grant then
     -- The releasing owner's fields go; the waiter's come, with its lease
     -- (the queue's mark stays: queued processes still wait).
     redis.call('hdel', KEYS[1], ARGV[1], ARGV[1] .. ':gen')
-    redis.call('hset', KEYS[1], ARGV[8], 1, ARGV[8] .. ':gen', ARGV[9])
+    redis.call('hset', KEYS[1], ARGV[8], '1', ARGV[8] .. ':gen', ARGV[9])
     redis.call('pexpire', KEYS[1], ARGV[10])
     if ARGV[11] ~= '' then
         redis.pcall('zrem', KEYS[4], ARGV[11])
     end
-    redis.call('set', KEYS[3], 2, 'px', ARGV[4])
+    redis.call('set', KEYS[3], '2', 'px', ARGV[4])
     if token then
         return {2, token}
     end
@@ -86,5 +86,5 @@ wake_waiters(state[2])
 -- acquirer's own field): DEL, as Redisson's release, which costs Redis less
 -- than removing the fields one by one.
 redis.call('del', KEYS[1])
-redis.call('set', KEYS[3], 1, 'px', ARGV[4])
+redis.call('set', KEYS[3], '1', 'px', ARGV[4])
 return 1

@@ -51,7 +51,7 @@ local function wake_waiters(queued)
     if queued then
         wake_queued(KEYS[4], KEYS[2], ARGV[6])
     else
-        redis.call(ARGV[6], KEYS[2], 0)
+        redis.call(ARGV[6], KEYS[2], '0')
     end
 end
 

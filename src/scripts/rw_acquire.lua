@@ -19,7 +19,7 @@
 -- hold keys to at least its lease, and a writer's lease never ends before
 -- its own thread's read holds.
 for i = 3, #KEYS do
-    redis.call('set', KEYS[i], 1, 'px', ARGV[8])
+    redis.call('set', KEYS[i], '1', 'px', ARGV[8])
 end
 if redis.call('exists', KEYS[2]) == 1 then
     return -3
@@ -59,7 +59,7 @@ if reader then
 end
 redis.call('hset', KEYS[1], ARGV[2], count, ARGV[2] .. ':gen', 'g' .. ARGV[4])
 if reader then
-    redis.call('set', ARGV[5] .. ':' .. count, 1, 'px', lease)
+    redis.call('set', ARGV[5] .. ':' .. count, '1', 'px', lease)
     redis.call('pexpire', KEYS[1], math.max(redis.call('pttl', KEYS[1]), lease))
 elseif mode then
     -- A write re-entry: the thread may read too (a write-mode hash has no

@@ -10,7 +10,7 @@
 if redis.call('exists', KEYS[3]) == 1 then
     return 0
 end
-redis.call('set', KEYS[3], 1, 'px', ARGV[4])
+redis.call('set', KEYS[3], '1', 'px', ARGV[4])
 local held = tonumber(redis.call('hget', KEYS[1], ARGV[1]) or 0)
 local want = tonumber(ARGV[2])
 if held <= want then

@@ -76,7 +76,7 @@ local function drop_holds(name, channel, field, held, prefix, base, publish)
         redis.call(publish, channel, writer and 1 or 0)
         redis.call('del', name)
     elseif writer and mode == 'write' then
-        redis.call(publish, channel, 1)
+        redis.call(publish, channel, '1')
         ttl = readers_ttl(name, base, field)
         if ttl > 0 then
             redis.call('hdel', name, field, field .. ':gen')
@@ -89,7 +89,7 @@ local function drop_holds(name, channel, field, held, prefix, base, publish)
     elseif mode == 'read' then
         ttl = readers_ttl(name, base, field)
         if ttl <= 0 then
-            redis.call(publish, channel, 0)
+            redis.call(publish, channel, '0')
             redis.call('del', name)
         else
             redis.call('hdel', name, field, field .. ':gen')

@@ -12,7 +12,7 @@
 -- owner's holds are all released; a retry or late copy returns the first
 -- answer (see release.lua).
 for i = 4, #KEYS do
-    redis.call('set', KEYS[i], 1, 'px', ARGV[9])
+    redis.call('set', KEYS[i], '1', 'px', ARGV[9])
 end
 local done = redis.call('get', KEYS[3])
 if done then
@@ -32,9 +32,9 @@ if left > 0 then
         redis.call('set', KEYS[3], 'n', 'px', ARGV[4])
         return nil
     end
-    redis.call('set', KEYS[3], 0, 'px', ARGV[4])
+    redis.call('set', KEYS[3], '0', 'px', ARGV[4])
     return 0
 end
 drop_holds(KEYS[1], KEYS[2], ARGV[1], held, ARGV[7], ARGV[8], ARGV[6])
-redis.call('set', KEYS[3], 1, 'px', ARGV[4])
+redis.call('set', KEYS[3], '1', 'px', ARGV[4])
 return 1

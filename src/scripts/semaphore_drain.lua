@@ -6,5 +6,5 @@ local available = tonumber(redis.call('get', KEYS[1]) or 0)
 if available <= 0 then
     return 0
 end
-redis.call('set', KEYS[1], 0, 'keepttl')
+redis.call('set', KEYS[1], '0', 'keepttl')
 return available

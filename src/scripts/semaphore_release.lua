@@ -12,7 +12,7 @@
 -- says, an earlier one; the new total is published when above zero, as
 -- Redisson's release does), 0 if there was no record.
 if #KEYS == 5 then
-    redis.call('set', KEYS[5], 1, 'px', ARGV[4])
+    redis.call('set', KEYS[5], '1', 'px', ARGV[4])
 end
 if redis.call('exists', KEYS[4]) == 1 then
     return 1
@@ -29,5 +29,5 @@ if total > 0 then
 end
 redis.call('hdel', KEYS[3], ARGV[1])
 redis.call('incrby', KEYS[1], held)
-redis.call('set', KEYS[4], 1, 'px', ARGV[3])
+redis.call('set', KEYS[4], '1', 'px', ARGV[3])
 return 1
