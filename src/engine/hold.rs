@@ -447,7 +447,8 @@ impl Hold {
     pub(crate) fn adopt(&self, token: RenewToken, gen: Option<u64>) -> bool {
         let mut st = self.lease.lock();
         if st.busy == 0 && token.epoch == Some(st.epoch) {
-            // Written by an undo whose lease is not known here.
+            // Written by a request whose lease is not known here (an undo,
+            // a partial release completed in the background).
             st.set_gen(gen, None);
             true
         } else {

@@ -17,9 +17,9 @@
 -- KEYS: the locks, in the order of the sections.
 -- A generation is compared as written ('g<id>' for the read-write lock).
 -- A renewal never shortens a lease (GT; on a server older than 7.0, which
--- refuses GT, PTTL first; modes 'F' and 'E' need neither). A lease is set as Redis's clock at the start of
--- the call plus the lease (PEXPIREAT, the clock read with TIME once per
--- call): less work for Redis per lock than PEXPIRE, which it rewrites to
+-- refuses GT, PTTL first; modes 'F' and 'E' need neither). A lease is set
+-- as Redis's clock at the start of the call plus the lease (PEXPIREAT, the
+-- clock read with TIME once per call): less work for Redis per lock than PEXPIRE, which it rewrites to
 -- PEXPIREAT with a new argument on every call. Where that cannot be (the
 -- ACL forbids TIME or PEXPIREAT, the server refuses GT), PEXPIRE, and the
 -- reply tells the client to ask for PEXPIRE from then on, so that a

@@ -260,6 +260,71 @@ fn upper_case_sections_set_the_lease_without_gt() {
     });
 }
 
+/// Sections with and without `GT`, in either order in one call, as a user
+/// without `+pexpireat`, one without `+time` and one with every command, on
+/// the script as shipped and on a server that refuses `GT`: every lock
+/// whose generation matches gets the lease, a longer lease stays under a
+/// lower-case section and is set as asked under an upper-case one, and no
+/// call fails (the adversarial review's probe of the `GT`-less sections).
+#[test]
+fn sections_with_and_without_gt_mix_in_one_call_under_any_acl() {
+    let srv = RedisServer::start();
+    let mut admin = srv.conn();
+    for (user, rule) in [
+        ("noat", "on >pw ~* +@all -pexpireat"),
+        ("notime", "on >pw ~* +@all -time"),
+        ("all", "on >pw ~* +@all"),
+    ] {
+        crate::acl::acl(&srv, user, rule);
+        let url = srv
+            .url()
+            .replace("redis://", &format!("redis://{user}:pw@"));
+        let mut conn = redis::Client::open(url)
+            .and_then(|c| c.get_connection())
+            .expect("the user connects");
+        both_paths(|script| {
+            for order in [["F", "f", "E", "e"], ["f", "F", "e", "E"]] {
+                held(&mut admin, "k1", "1", "10", 1_000);
+                held(&mut admin, "k2", "1", "11", 1_000);
+                held(&mut admin, "k3", "1", "12", 100_000);
+                held(&mut admin, "k4", "2", "13", 1_000);
+                held(&mut admin, "k5", "3", "14", 100_000);
+                let owner1 = format!("{OWNER}1");
+                let reply = run(
+                    &mut conn,
+                    script,
+                    &["k1", "k2", "k3", "k4", "k5"],
+                    &[
+                        "0", "20000", "1", order[0], &owner1, "10", "20000", "2", order[1],
+                        &owner1, "11", "12", "20000", "1", order[2], OWNER, "2", "13", "20000",
+                        "1", order[3], OWNER, "3", "14",
+                    ],
+                )
+                .unwrap_or_else(|e| panic!("{user} {order:?}: {e}"));
+                assert_eq!(pairs(reply), vec![], "{user} {order:?}: all renewed");
+                for k in ["k1", "k2", "k4"] {
+                    let ms = pttl(&mut admin, k);
+                    assert!(
+                        (10_001..=20_000).contains(&ms),
+                        "{user} {order:?}: {k} PTTL {ms}"
+                    );
+                }
+                for (k, mode) in [("k3", order[1]), ("k5", order[3])] {
+                    let ms = pttl(&mut admin, k);
+                    if mode.chars().all(|c| c.is_lowercase()) {
+                        assert!(
+                            ms > 90_000,
+                            "{user} {order:?}: {k} shortened under GT: {ms}"
+                        );
+                    } else {
+                        assert!(ms <= 20_000, "{user} {order:?}: {k} not set as asked: {ms}");
+                    }
+                }
+            }
+        });
+    }
+}
+
 #[test]
 fn a_key_that_is_not_a_hash_fails_the_call_and_alone_when_careful() {
     let srv = RedisServer::start();
