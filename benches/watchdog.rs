@@ -481,20 +481,29 @@ fn baseline_run(server: &RedisServer, n: usize, window: Duration) -> Figures {
     )
 }
 
-/// `--instructions`: see the module's doc.
-fn instructions_run() {
-    use std::io::Write;
-    let go =
-        std::env::var("REDLEASE_BENCH_GO").expect("REDLEASE_BENCH_GO names the file to wait for");
+/// A server, and a client holding `n` fresh watched locks named from
+/// `prefix`, past their first renewals (which come in small batches as the
+/// locks were taken one after another).
+fn watched_locks(
+    prefix: &str,
+    n: usize,
+) -> (RedisServer, redlease::Client, Vec<redlease::LockGuard>) {
     let server = support::start_server();
     let client = redlease::Client::builder(server.url())
         .watchdog_timeout(LEASE)
         .build()
         .expect("client");
-    let guards = support::hold_fresh_locks(&client, "bench:wd-instr:", INSTRUCTIONS_N);
-    // Past the first renewals, which come in small batches as the locks
-    // were taken one after another.
+    let guards = support::hold_fresh_locks(&client, prefix, n);
     std::thread::sleep(RENEW_EVERY * 2);
+    (server, client, guards)
+}
+
+/// `--instructions`: see the module's doc.
+fn instructions_run() {
+    use std::io::Write;
+    let go =
+        std::env::var("REDLEASE_BENCH_GO").expect("REDLEASE_BENCH_GO names the file to wait for");
+    let (server, client, guards) = watched_locks("bench:wd-instr:", INSTRUCTIONS_N);
     println!("READY");
     std::io::stdout().flush().expect("stdout");
     let waited = Instant::now();
@@ -542,15 +551,7 @@ const REDIS_INSTRUCTIONS_ROUNDS: u32 = 3;
 fn redis_instructions_run() {
     let n = REDIS_INSTRUCTIONS_N;
     let window = RENEW_EVERY * REDIS_INSTRUCTIONS_ROUNDS;
-    let server = support::start_server();
-    let client = redlease::Client::builder(server.url())
-        .watchdog_timeout(LEASE)
-        .build()
-        .expect("client");
-    let guards = support::hold_fresh_locks(&client, "bench:wd-ri:", n);
-    // Past the first renewals, which come in small batches as the locks
-    // were taken one after another.
-    std::thread::sleep(RENEW_EVERY * 2);
+    let (server, client, guards) = watched_locks("bench:wd-ri:", n);
     let s0 = client.stats();
     let counted = support::redis_instructions(&server, || std::thread::sleep(window));
     let s1 = client.stats();
