@@ -17,25 +17,25 @@
 -- KEYS: the locks, in the order of the sections.
 -- A generation is compared as written ('g<id>' for the read-write lock).
 -- A renewal never shortens a lease (GT; on a server older than 7.0, which
--- refuses GT, PTTL first; modes 'F' and 'E' need neither). A lease is set
--- as Redis's clock at the start of the call plus the lease (PEXPIREAT, the
--- clock read with TIME once per call): less work for Redis per lock than PEXPIRE, which it rewrites to
--- PEXPIREAT with a new argument on every call. Where that cannot be (the
--- ACL forbids TIME or PEXPIREAT, the server refuses GT), PEXPIRE, and the
--- reply tells the client to ask for PEXPIRE from then on, so that a
--- refused command is tried once, not on every call (a refusal is counted
--- in the server's error stats and ACL LOG). A lease is extended only while
--- the owner's generation field (<owner>:gen, written and removed with the
--- owner field) carries that generation: a lock that was released, expired
+-- refuses GT, PTTL first; modes 'F' and 'E' need neither). A lease is set as
+-- Redis's clock at the start of the call plus the lease (PEXPIREAT, the clock
+-- read with TIME once per call): less work for Redis per lock than PEXPIRE,
+-- which it rewrites to PEXPIREAT with a new argument on every call. Where
+-- that cannot be (the ACL forbids TIME or PEXPIREAT, the server refuses GT),
+-- PEXPIRE, and the reply tells the client to ask for PEXPIRE from then on, so
+-- that a refused command is tried once, not on every call (a refusal is
+-- counted in the server's error stats and ACL LOG). A lease is extended only
+-- while the owner's generation field (<owner>:gen, written and removed with
+-- the owner field) carries that generation: a lock that was released, expired
 -- or taken over is never brought back, and a renewal taken for an earlier
 -- state of a hold (sent before a re-entry, a partial release, or a release
--- and a new acquisition by the same owner) cannot extend the lease that
--- state set. A read hold renews its own hold keys (never other readers', so
--- a dead reader's hold ends), is gone once one of them has expired, and
--- never shortens the hash's lease (other readers may need longer). A key
--- that is no longer a hash (overwritten by someone else) fails the call
--- with WRONGTYPE: the caller runs the batch again with flag 1, where it
--- counts as gone for that lock alone.
+-- and a new acquisition by the same owner) cannot extend the lease that state
+-- set. A read hold renews its own hold keys (never other readers', so a dead
+-- reader's hold ends), is gone once one of them has expired, and never
+-- shortens the hash's lease (other readers may need longer). A key that is no
+-- longer a hash (overwritten by someone else) fails the call with WRONGTYPE:
+-- the caller runs the batch again with flag 1, where it counts as gone for
+-- that lock alone.
 -- Returns a flat array of pairs for the locks not renewed, usually empty:
 -- (1-based position, 0) when the lock is gone (the holder has lost it), or
 -- (position, "<generation found>") when the generation differs (stale);
