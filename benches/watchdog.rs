@@ -306,18 +306,7 @@ fn redlease_run(server: &RedisServer, n: usize, settle: Duration, window: Durati
 fn bare_run(server: &RedisServer, n: usize, window: Duration) -> Figures {
     let threads_before = settle_threads(1);
     let mut conn = server.conn();
-    let sha = support::script_load(&mut conn, BARE_LOOP_LUA);
-    let keys = bare_keys(&mut conn, &format!("bench:wd-bare:{n}"), n);
-    let lease_ms = LEASE.as_millis() as u64;
-    let mut pipe = redis::pipe();
-    for chunk in keys.chunks(BARE_CHUNK) {
-        pipe.cmd("EVALSHA")
-            .arg(&sha)
-            .arg(chunk.len())
-            .arg(chunk)
-            .arg(lease_ms)
-            .ignore();
-    }
+    let (keys, pipe) = bare_loop(&mut conn, &format!("bench:wd-bare:{n}"), n);
     let ticks = (window.as_secs_f64() / RENEW_EVERY.as_secs_f64()).round() as u32;
     let threads = support::thread_count();
     let a = Snapshot::take(server);
@@ -355,6 +344,28 @@ fn bare_run(server: &RedisServer, n: usize, window: Duration) -> Figures {
         ),
         (threads_before, threads),
     )
+}
+
+/// The bare loop's `n` locks under `prefix` ([`bare_keys`]) and one round of
+/// it over them: a pipeline of [`BARE_LOOP_LUA`] calls, [`BARE_CHUNK`] keys
+/// each.
+fn bare_loop(
+    conn: &mut redis::Connection,
+    prefix: &str,
+    n: usize,
+) -> (Vec<String>, redis::Pipeline) {
+    let sha = support::script_load(conn, BARE_LOOP_LUA);
+    let keys = bare_keys(conn, prefix, n);
+    let mut pipe = redis::pipe();
+    for chunk in keys.chunks(BARE_CHUNK) {
+        pipe.cmd("EVALSHA")
+            .arg(&sha)
+            .arg(chunk.len())
+            .arg(chunk)
+            .arg(LEASE.as_millis() as u64)
+            .ignore();
+    }
+    (keys, pipe)
 }
 
 /// `n` lock hashes of redlease's shape (owner field and generation) under
@@ -559,17 +570,7 @@ fn redis_instructions_run() {
     let lost = guards.iter().filter(|g| g.is_lost()).count();
     drop(guards);
     let mut conn = server.conn();
-    let sha = support::script_load(&mut conn, BARE_LOOP_LUA);
-    let keys = bare_keys(&mut conn, "bench:wd-ri-bare", n);
-    let mut pipe = redis::pipe();
-    for chunk in keys.chunks(BARE_CHUNK) {
-        pipe.cmd("EVALSHA")
-            .arg(&sha)
-            .arg(chunk.len())
-            .arg(chunk)
-            .arg(LEASE.as_millis() as u64)
-            .ignore();
-    }
+    let (_, pipe) = bare_loop(&mut conn, "bench:wd-ri-bare", n);
     let bare = support::redis_instructions(&server, || {
         let t0 = Instant::now();
         for round in 0..REDIS_INSTRUCTIONS_ROUNDS {
