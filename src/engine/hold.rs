@@ -211,6 +211,20 @@ impl Hold {
         }
     }
 
+    /// Reads a word of each cache line (beside the `Arc`'s counts, which
+    /// the caller reads) that taking the hold for a renewal, or scheduling
+    /// it again, reads: the lease lock, the flags, the owner key. The
+    /// watchdog does so for a run of holds before it takes their locks, so
+    /// that the lines load all at once: a lock's atomic operation waits for
+    /// the loads before it, and a line missed after one is missed alone.
+    /// Whatever the allocation's alignment (16 bytes or more), these fields
+    /// fall on every line the two passes use.
+    pub(crate) fn warm(&self) -> usize {
+        usize::from(self.lease.is_locked())
+            ^ self.kind as usize
+            ^ self.owner.map_or(0, |(id, _)| id as usize)
+    }
+
     /// The lock's name (its key).
     pub(crate) fn name(&self) -> &str {
         self.texts.get(NAME)

@@ -1186,8 +1186,6 @@ fn tick_of(base: Instant, at: Instant) -> u64 {
     u64::try_from(ns.div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }
 
-/// What failed, for grouping settle failures by cause: no connection, the
-/// connection failing, or what Redis answered.
 /// When `hold`'s next renewal is due if its turn is `at`, and the interval
 /// its entry keeps: a hold capped before then is due at its cap, where it
 /// stops, with no interval (so no slack: it is taken once the cap has
@@ -1202,6 +1200,8 @@ fn next_turn(hold: &Hold, at: Instant, interval: Duration) -> (Instant, Duration
     }
 }
 
+/// What failed, for grouping settle failures by cause: no connection, the
+/// connection failing, or what Redis answered.
 fn cause(e: &crate::error::Error) -> &'static str {
     use crate::error::Error;
     match e {
@@ -1222,18 +1222,21 @@ fn cause(e: &crate::error::Error) -> &'static str {
 /// Holds read ahead at a time by [`touch`].
 const TOUCH: usize = 16;
 
-/// Reads a word of each hold's first cache line (or, with `names`, the
-/// first byte of its framed name, which is what encoding reads of it)
-/// without using it, a block at a time before the block is worked on: with
-/// many locks the holds are not in the cache, and their misses then overlap
-/// instead of coming one after another.
+/// Reads a word of each cache line of a hold that taking it for a renewal
+/// and scheduling it again use ([`Hold::warm`]; or, with `names`, the first
+/// byte of its framed name, which is what encoding reads of it) without
+/// using it, a block at a time before the block is worked on: with many
+/// locks the holds are not in the cache, and their misses then overlap
+/// instead of coming one after another. (Reading the first line alone left
+/// a hold's other lines to miss one at a time, after each lock's atomic
+/// operation.)
 fn touch<'a>(holds: impl Iterator<Item = &'a Arc<Hold>>, names: bool) {
     let mut x = 0usize;
     for h in holds {
         x ^= if names {
             usize::from(h.framed_name().first().copied().unwrap_or(0))
         } else {
-            Arc::strong_count(h) ^ h.kind as usize
+            Arc::strong_count(h) ^ h.warm()
         };
     }
     std::hint::black_box(x);
