@@ -159,7 +159,7 @@ impl Group {
                 args.extend(
                     "on >lockpw ~* resetchannels &redisson_lock__channel:* &redlease_wake:* \
                      -@all +eval +evalsha +exists +get +set +del +hset +hget +hmget +hexists \
-                     +hdel +pexpire +pttl +time +zadd +zrem +zcard +zpopmin +pubsub|numsub +publish \
+                     +hdel +pexpire +pexpireat +pttl +time +zadd +zrem +zcard +zpopmin +pubsub|numsub +publish \
                      +subscribe +unsubscribe +ping +role +wait"
                         .split_whitespace(),
                 );
