@@ -1219,8 +1219,11 @@ fn cause(e: &crate::error::Error) -> &'static str {
     }
 }
 
-/// Holds read ahead at a time by [`touch`].
-const TOUCH: usize = 16;
+/// Holds read ahead at a time by [`touch`]: the run's misses overlap, and
+/// each run waits for its slowest once. 32 rather than 16: 6 % less client
+/// CPU per renewal at 100,000 locks (six interleaved rounds, one binary);
+/// 64 measured as 32.
+const TOUCH: usize = 32;
 
 /// Reads a word of each cache line of a hold that taking it for a renewal
 /// and scheduling it again use ([`Hold::warm`]; or, with `names`, the first
