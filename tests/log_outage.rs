@@ -65,8 +65,8 @@ fn an_acl_that_forbids_the_process_key_warns_once() {
     let server = RedisServer::start();
     let rule = "on >pw resetkeys ~acl:* ~redisson_lock__channel:* ~redisson_unlock_latch:* \
         ~redlease_acquire_cancel:* resetchannels &redisson_lock__channel:* -@all +eval \
-        +evalsha +exists +get +set +del +hset +hget +hmget +hexists +hdel +pexpire +pexpireat +pttl +time \
-        +publish +subscribe +unsubscribe +ping +role +wait";
+        +evalsha +exists +get +set +del +hset +hget +hmget +hexists +hdel +pexpire +pexpireat \
+        +pttl +time +publish +subscribe +unsubscribe +ping +role +wait";
     let mut args = vec!["ACL", "SETUSER", "nokey"];
     args.extend(rule.split_whitespace());
     assert_eq!(server.cmd(&args), "OK");

@@ -725,4 +725,34 @@ mod size {
             );
         }
     }
+
+    /// [`Hold::warm`](super::Hold::warm) reads a field on every cache line
+    /// that taking a hold for a renewal and scheduling it again use (from
+    /// the `Arc`'s counts to the owner key), wherever a 16-byte-aligned
+    /// allocation starts: a field moved in `Hold` fails here.
+    #[test]
+    fn warm_reads_every_line_the_watchdog_uses() {
+        use super::Hold;
+        use std::collections::BTreeSet;
+        use std::mem::{offset_of, size_of};
+        // In the `Arc`'s allocation the hold follows two counts.
+        let at = |offset: usize| 2 * size_of::<usize>() + offset;
+        // The strong count (read by the watchdog's `touch`), the lease
+        // lock's state, the kind (beside the flags), the owner key.
+        let read = [
+            0,
+            at(offset_of!(Hold, lease)),
+            at(offset_of!(Hold, kind)),
+            at(offset_of!(Hold, owner)),
+        ];
+        let used = at(offset_of!(Hold, owner)) + size_of::<Option<(u64, bool)>>();
+        for start in (0..64).step_by(16) {
+            let lines: BTreeSet<usize> = (start..start + used).map(|b| b / 64).collect();
+            let warmed: BTreeSet<usize> = read.iter().map(|o| (start + o) / 64).collect();
+            assert_eq!(
+                lines, warmed,
+                "allocation at {start} bytes into a line: lines used {lines:?}, read {warmed:?}"
+            );
+        }
+    }
 }

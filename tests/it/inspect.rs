@@ -454,8 +454,8 @@ fn holders_without_access_to_process_keys() {
     let rule = "on >lockpw resetkeys ~orders:* ~redisson_lock__channel:* \
         ~redisson_unlock_latch:* ~redlease_acquire_cancel:* ~redlease_force_unlock_latch:* \
         resetchannels &redisson_lock__channel:* -@all +eval +evalsha +exists +get +set +del \
-        +hset +hget +hmget +hexists +hdel +pexpire +pexpireat +pttl +time +publish +subscribe +unsubscribe \
-        +ping +role +wait +hgetall +multi +exec";
+        +hset +hget +hmget +hexists +hdel +pexpire +pexpireat +pttl +time +publish +subscribe \
+        +unsubscribe +ping +role +wait +hgetall +multi +exec";
     crate::acl::acl(&srv, "reader", rule);
     let c = Client::builder(format!("redis://reader:lockpw@127.0.0.1:{}/", srv.port()))
         .build()

@@ -6,6 +6,7 @@ use std::fs;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -41,31 +42,87 @@ impl Drop for SentinelProc {
 }
 
 /// Starts a sentinel monitoring the master at 127.0.0.1:`mport` as
-/// [`MASTER`] with `quorum`, plus `extra` configuration lines.
+/// [`MASTER`] with `quorum`, plus `extra` configuration lines, on a free
+/// port.
 fn spawn_sentinel(mport: &str, quorum: u32, extra: &str) -> SentinelProc {
-    let port = free_port();
-    let dir = std::env::temp_dir().join(format!("redlease-sentinel-{}-{port}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    let conf = dir.join("sentinel.conf");
-    fs::write(
-        &conf,
-        format!(
-            "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {d}\nlogfile {d}/sentinel.log\n\
-             sentinel monitor {MASTER} 127.0.0.1 {mport} {quorum}\n{extra}",
-            d = dir.display()
-        ),
-    )
-    .unwrap();
-    let child = Command::new(redis_server_path())
-        .arg(&conf)
-        .arg("--sentinel")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start a sentinel");
-    SentinelProc { port, dir, child }
+    spawn_sentinel_on(&mut free_port, mport, quorum, extra)
+}
+
+/// Ports a sentinel is tried on before its start fails.
+const SENTINEL_START_ATTEMPTS: usize = 5;
+
+/// [`spawn_sentinel`] on ports from `pick_port`: a port found free can be
+/// taken by another process (another test's server or sentinel) before the
+/// sentinel binds it; the sentinel then exits, and another port is tried.
+fn spawn_sentinel_on(
+    pick_port: &mut dyn FnMut() -> u16,
+    mport: &str,
+    quorum: u32,
+    extra: &str,
+) -> SentinelProc {
+    static STARTED: AtomicUsize = AtomicUsize::new(0);
+    let mut failures = Vec::new();
+    for _ in 0..SENTINEL_START_ATTEMPTS {
+        let port = pick_port();
+        // A directory of its own (not shared with a sentinel that tried
+        // the same port), so that its log is its own.
+        let dir = std::env::temp_dir().join(format!(
+            "redlease-sentinel-{}-{}-{port}",
+            std::process::id(),
+            STARTED.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let conf = dir.join("sentinel.conf");
+        fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {d}\nlogfile {d}/sentinel.log\n\
+                 sentinel monitor {MASTER} 127.0.0.1 {mport} {quorum}\n{extra}",
+                d = dir.display()
+            ),
+        )
+        .unwrap();
+        let child = Command::new(redis_server_path())
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start a sentinel");
+        let mut sentinel = SentinelProc { port, dir, child };
+        match sentinel.started() {
+            Ok(()) => return sentinel,
+            Err(why) => failures.push(format!("--- port {port}: {why}")),
+        }
+    }
+    panic!(
+        "a sentinel failed to start on {SENTINEL_START_ATTEMPTS} ports:\n{}",
+        failures.join("\n")
+    );
+}
+
+impl SentinelProc {
+    /// Waits until the sentinel has bound its port: it logs `+monitor`
+    /// once it has, and exits when it cannot. `Err` (with its log) when it
+    /// exited, or logged nothing of the kind within 10 s.
+    fn started(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let log = fs::read_to_string(self.dir.join("sentinel.log")).unwrap_or_default();
+            if log.contains("+monitor master") {
+                return Ok(());
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!("it exited ({status}); its log:\n{log}"));
+            }
+            if Instant::now() >= deadline {
+                return Err(format!("no +monitor in its log within 10 s:\n{log}"));
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
 }
 
 /// The sentinels' `requirepass`, when the group is started with auth.
@@ -159,8 +216,8 @@ impl Group {
                 args.extend(
                     "on >lockpw ~* resetchannels &redisson_lock__channel:* &redlease_wake:* \
                      -@all +eval +evalsha +exists +get +set +del +hset +hget +hmget +hexists \
-                     +hdel +pexpire +pexpireat +pttl +time +zadd +zrem +zcard +zpopmin +pubsub|numsub +publish \
-                     +subscribe +unsubscribe +ping +role +wait"
+                     +hdel +pexpire +pexpireat +pttl +time +zadd +zrem +zcard +zpopmin \
+                     +pubsub|numsub +publish +subscribe +unsubscribe +ping +role +wait"
                         .split_whitespace(),
                 );
                 assert_eq!(n.cmd(&args), "OK");
@@ -581,6 +638,36 @@ fn a_silent_sentinel_is_skipped() {
         started.elapsed()
     );
     c.lock("silent").lock().unwrap().unlock().unwrap();
+}
+
+/// A port found free but taken before the sentinel binds it (by another
+/// test's server or sentinel) costs a try, not the test: the sentinel
+/// starts on another port. (Before, the sentinel exited at once, and its
+/// group waited 30 s for a quorum of 3 that could not come.)
+#[test]
+fn a_sentinel_whose_port_was_taken_starts_on_another() {
+    let srv = RedisServer::start();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port to take");
+    let taken_port = taken.local_addr().expect("local_addr").port();
+    let mut first = Some(taken_port);
+    let sentinel = spawn_sentinel_on(
+        &mut || first.take().unwrap_or_else(free_port),
+        &srv.port().to_string(),
+        1,
+        "",
+    );
+    assert_ne!(sentinel.port, taken_port, "started on the taken port");
+    let addr = sentinel_cmd(
+        sentinel.port,
+        false,
+        &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER],
+    );
+    assert!(
+        matches!(&addr, Some(Resp::Array(Some(a))) if a.len() == 2),
+        "the sentinel on port {} answers for {MASTER}: {addr:?}",
+        sentinel.port
+    );
+    drop(taken);
 }
 
 /// A fair lock's waiter behind a Sentinel whose try times out tries again
