@@ -21,7 +21,7 @@
 mod cluster;
 pub use cluster::*;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::env;
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
@@ -52,10 +52,30 @@ pub fn process_key(client_id: &str) -> String {
 }
 
 /// A currently free TCP port on 127.0.0.1 (bind to port 0, read it, release
-/// it). Inherently racy: someone else may grab it before you bind it.
+/// it), never one this process was handed before: the kernel may give the
+/// port it just gave once more (two sentinels of one group were once
+/// handed one port), and a test that asks for two ports at once (a
+/// server's TLS and cluster bus ports) needs two. Still racy against other
+/// processes: someone else may grab it before you bind it.
 pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener.local_addr().expect("local_addr").port()
+    free_port_from(&mut || {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+        listener.local_addr().expect("local_addr").port()
+    })
+}
+
+/// [`free_port`] with `pick` finding the ports: the first one this process
+/// was not handed before.
+pub fn free_port_from(pick: &mut dyn FnMut() -> u16) -> u16 {
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    const TRIES: usize = 1000;
+    for _ in 0..TRIES {
+        let port = pick();
+        if lock(&HANDED_OUT).insert(port) {
+            return port;
+        }
+    }
+    panic!("no port in {TRIES} tries that this process was not handed before");
 }
 
 /// Polls `f` every 5 ms until it returns `true`.

@@ -4,7 +4,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use crate::support::{free_port, ping, wait_until, Proxy, RedisServer, Resp};
+use crate::support::{free_port, free_port_from, ping, wait_until, Proxy, RedisServer, Resp};
 
 const SHORT: Duration = Duration::from_millis(300);
 const WAIT: Duration = Duration::from_secs(5);
@@ -234,6 +234,26 @@ fn proxy_cut_after_request_loses_reply_only() {
 fn free_port_is_bindable() {
     let port = free_port();
     std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+}
+
+/// A port the kernel gives again is not handed out twice: the second of
+/// two ports asked for at once (a sentinel group's, a server's TLS and bus
+/// ports) is another one.
+#[test]
+fn free_port_never_hands_out_a_port_twice() {
+    let port = free_port();
+    let mut again = 2;
+    let next = free_port_from(&mut || {
+        if again > 0 {
+            again -= 1;
+            port
+        } else {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            listener.local_addr().expect("local_addr").port()
+        }
+    });
+    assert_eq!(again, 0, "the port given again was asked for");
+    assert_ne!(next, port, "{port} handed out twice");
 }
 
 #[test]
