@@ -37,7 +37,8 @@ use std::time::{Duration, Instant};
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Timeout for the raw admin connections used by [`RedisServer`] helpers.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(5);
-/// How many fresh ports [`RedisServer::start`] tries before giving up.
+/// How many fresh ports [`RedisServer::start`] (and [`start_on_a_free_port`])
+/// tries before giving up.
 const START_ATTEMPTS: usize = 5;
 
 // ---------------------------------------------------------------------------
@@ -49,6 +50,56 @@ const START_ATTEMPTS: usize = 5;
 pub fn process_key(client_id: &str) -> String {
     let short: String = client_id.chars().filter(|c| *c != '-').take(16).collect();
     format!("redlease_client:{{{short}}}")
+}
+
+/// Why a process did not start on a port ([`start_on_a_free_port`]).
+pub struct StartFailure {
+    /// What happened, with the process's log.
+    pub why: String,
+    /// Another port can help (the port was taken); `false` for a failure
+    /// that would repeat on any port (a bad configuration).
+    pub another_port_helps: bool,
+}
+
+/// Starts a process with `start`, which gets a port from `pick_port` and a
+/// fresh temp directory of its own (`redlease-<tag>-<pid>-<n>-<port>`;
+/// `start` owns it from then on, and it is removed after a failure). A port
+/// found free can be taken by another process before the new one binds
+/// it: then the next port is tried, up to [`START_ATTEMPTS`] in all.
+/// Panics with every try's failure when none started.
+pub fn start_on_a_free_port<T>(
+    what: &str,
+    tag: &str,
+    pick_port: &mut dyn FnMut() -> u16,
+    mut start: impl FnMut(u16, PathBuf) -> Result<T, StartFailure>,
+) -> T {
+    static STARTED: AtomicUsize = AtomicUsize::new(0);
+    let mut failures = Vec::new();
+    for _ in 0..START_ATTEMPTS {
+        let port = pick_port();
+        let dir = env::temp_dir().join(format!(
+            "redlease-{tag}-{}-{}-{port}",
+            std::process::id(),
+            STARTED.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        match start(port, dir.clone()) {
+            Ok(started) => return started,
+            Err(failure) => {
+                let _ = fs::remove_dir_all(&dir);
+                failures.push(format!("--- port {port}: {}", failure.why));
+                if !failure.another_port_helps {
+                    break;
+                }
+            }
+        }
+    }
+    panic!(
+        "{what} failed to start ({} attempt(s)):\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 /// A currently free TCP port on 127.0.0.1 (bind to port 0, read it, release
@@ -247,8 +298,6 @@ fn read_lossy(path: &Path) -> String {
 // RedisServer
 // ---------------------------------------------------------------------------
 
-static SERVER_COUNTER: AtomicUsize = AtomicUsize::new(0);
-
 struct ServerState {
     /// The spawned process: redis-server itself, or for a watched server
     /// the `sh` wrapper around it (see [`WATCH_SCRIPT`]).
@@ -301,49 +350,30 @@ impl RedisServer {
     ) -> RedisServer {
         let extra_args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
         let bin = redis_server_path(); // panics before any temp dir exists
-        let mut failures = Vec::new();
-        for _ in 0..START_ATTEMPTS {
-            let port = pick_port();
-            let n = SERVER_COUNTER.fetch_add(1, Ordering::Relaxed);
-            let dir = env::temp_dir().join(format!(
-                "redlease-test-{}-{}-{}",
-                std::process::id(),
-                n,
-                port
-            ));
-            let _ = fs::remove_dir_all(&dir);
-            fs::create_dir_all(&dir)
-                .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        let mut pick_port = pick_port;
+        start_on_a_free_port("redis-server", "test", &mut pick_port, |port, dir| {
             match launch(&bin, port, &dir, &extra_args, watched) {
-                Ok((child, pid)) => {
-                    return RedisServer {
-                        port,
-                        dir,
-                        extra_args,
-                        watched,
-                        state: Mutex::new(ServerState {
-                            child: Some(child),
-                            pid,
-                            paused: false,
-                        }),
-                    };
-                }
+                Ok((child, pid)) => Ok(RedisServer {
+                    port,
+                    dir,
+                    extra_args: extra_args.clone(),
+                    watched,
+                    state: Mutex::new(ServerState {
+                        child: Some(child),
+                        pid,
+                        paused: false,
+                    }),
+                }),
                 Err(e) => {
                     let logs = logs_of(&dir);
-                    let _ = fs::remove_dir_all(&dir);
-                    let config_error = logs.contains("FATAL CONFIG");
-                    failures.push(format!("--- port {port}: {e}\n{logs}"));
-                    if config_error {
-                        break; // another port will not help
-                    }
+                    Err(StartFailure {
+                        why: format!("{e}\n{logs}"),
+                        // A bad setting fails on every port.
+                        another_port_helps: !logs.contains("FATAL CONFIG"),
+                    })
                 }
             }
-        }
-        panic!(
-            "redis-server failed to start ({} attempt(s)):\n{}",
-            failures.len(),
-            failures.join("\n")
-        );
+        })
     }
 
     /// Appends `args` to the command line [`RedisServer::restart`] uses

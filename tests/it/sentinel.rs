@@ -6,12 +6,14 @@ use std::fs;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::support::{free_port, raw_command, redis_server_path, wait_until, RedisServer, Resp};
+use crate::support::{
+    free_port, raw_command, redis_server_path, start_on_a_free_port, wait_until, RedisServer, Resp,
+    StartFailure,
+};
 use redlease::{Client, LockGuard};
 
 const MASTER: &str = "mymaster";
@@ -48,31 +50,17 @@ fn spawn_sentinel(mport: &str, quorum: u32, extra: &str) -> SentinelProc {
     spawn_sentinel_on(&mut free_port, mport, quorum, extra)
 }
 
-/// Ports a sentinel is tried on before its start fails.
-const SENTINEL_START_ATTEMPTS: usize = 5;
-
 /// [`spawn_sentinel`] on ports from `pick_port`: a port found free can be
 /// taken by another process (another test's server or sentinel) before the
-/// sentinel binds it; the sentinel then exits, and another port is tried.
+/// sentinel binds it; the sentinel then exits, and another port is tried
+/// ([`start_on_a_free_port`]).
 fn spawn_sentinel_on(
     pick_port: &mut dyn FnMut() -> u16,
     mport: &str,
     quorum: u32,
     extra: &str,
 ) -> SentinelProc {
-    static STARTED: AtomicUsize = AtomicUsize::new(0);
-    let mut failures = Vec::new();
-    for _ in 0..SENTINEL_START_ATTEMPTS {
-        let port = pick_port();
-        // A directory of its own (not shared with a sentinel that tried
-        // the same port), so that its log is its own.
-        let dir = std::env::temp_dir().join(format!(
-            "redlease-sentinel-{}-{}-{port}",
-            std::process::id(),
-            STARTED.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
+    start_on_a_free_port("a sentinel", "sentinel", pick_port, |port, dir| {
         let conf = dir.join("sentinel.conf");
         fs::write(
             &conf,
@@ -92,22 +80,16 @@ fn spawn_sentinel_on(
             .spawn()
             .expect("start a sentinel");
         let mut sentinel = SentinelProc { port, dir, child };
-        match sentinel.started() {
-            Ok(()) => return sentinel,
-            Err(why) => failures.push(format!("--- port {port}: {why}")),
-        }
-    }
-    panic!(
-        "a sentinel failed to start on {SENTINEL_START_ATTEMPTS} ports:\n{}",
-        failures.join("\n")
-    );
+        sentinel.started().map(|()| sentinel)
+    })
 }
 
 impl SentinelProc {
     /// Waits until the sentinel has bound its port: it logs `+monitor`
     /// once it has, and exits when it cannot. `Err` (with its log) when it
-    /// exited, or logged nothing of the kind within 10 s.
-    fn started(&mut self) -> Result<(), String> {
+    /// exited (another port may do), or logged nothing of the kind within
+    /// 10 s (another port will not help).
+    fn started(&mut self) -> Result<(), StartFailure> {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let log = fs::read_to_string(self.dir.join("sentinel.log")).unwrap_or_default();
@@ -115,10 +97,16 @@ impl SentinelProc {
                 return Ok(());
             }
             if let Ok(Some(status)) = self.child.try_wait() {
-                return Err(format!("it exited ({status}); its log:\n{log}"));
+                return Err(StartFailure {
+                    why: format!("it exited ({status}); its log:\n{log}"),
+                    another_port_helps: true,
+                });
             }
             if Instant::now() >= deadline {
-                return Err(format!("no +monitor in its log within 10 s:\n{log}"));
+                return Err(StartFailure {
+                    why: format!("no +monitor in its log within 10 s:\n{log}"),
+                    another_port_helps: false,
+                });
             }
             thread::sleep(Duration::from_millis(5));
         }
