@@ -4,10 +4,10 @@
 //! it holds it too, until the hold is no longer watched.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
+use parking_lot::Mutex;
 
 use crate::scripts::{Kind, LockRef};
 use crate::time::{deadline, duration_ms};
@@ -31,30 +31,78 @@ use crate::time::{deadline, duration_ms};
 /// generation's requests or renewals may have set a longer lease than its
 /// own: `gen_lease` tracks the longest, so that a renewal of a hold whose
 /// leases are all alike is sent without `GT` (less work for Redis).
+///
+/// A renewal that succeeds raises the bound without the watchdog reading
+/// the hold again after its round trip: the renewal is taken as *pending*
+/// in its batch, and the watchdog says when the batch is done
+/// ([`Progress`]). By then every renewal of the batch that failed has been
+/// taken back from its hold ([`Hold::not_renewed`]), so a pending renewal
+/// whose batch is done extended the lease, and it is folded into the bound
+/// when the bound is next read. A lease-setting request that begins or
+/// ends before the batch is done drops the pending renewal: as before, a
+/// renewal that such a request overlapped does not raise the bound.
 struct LeaseState {
-    /// The lease is known to hold until then.
+    /// The lease is known to hold until then (and past it by the pending
+    /// renewal's gain once its batch is done). While a renewal is pending
+    /// it changes only when that renewal is folded in or dropped first.
     valid_until: Instant,
     /// Bumped when a lease-setting request begins or is confirmed.
     epoch: u64,
-    /// Lease-setting requests in flight or whose reply was lost and that are
-    /// not settled yet.
-    busy: u32,
     /// The generation Redis holds for this hold, as far as known (see
     /// [`gen`](LeaseState::gen): known while `gen_lease` is not 0; two
     /// fields, which pack tighter than an `Option<u64>` and a lease).
     gen: u64,
+    /// The watchdog's record of the batches it is done with, set when the
+    /// hold is first watched.
+    progress: Option<Arc<Progress>>,
+    /// Lease-setting requests in flight or whose reply was lost and that are
+    /// not settled yet.
+    busy: u32,
     /// 0 while the generation is not known; else the longest lease in ms
     /// that a request or a renewal of the generation may have set (see
     /// [`lease_code`]), `u32::MAX` when that is not known.
     gen_lease: u32,
-    /// The watchdog's entry (under the same lock: renewing a hold takes one
-    /// lock, and one cache line, per pass).
-    sched: Sched,
+    /// The batch of the pending renewal (0: none).
+    pending_batch: u32,
+    /// How far past `valid_until` the pending renewal extends the lease,
+    /// in whole ms (rounded down: the bound errs early), which keeps this
+    /// state in one cache line where an `Instant` would not.
+    pending_ms: u32,
+    /// The hold's slot in the watchdog's schedule, plus one (0: not
+    /// scheduled); read and written with the watchdog's lock held as well.
+    slot: u32,
 }
 
 impl LeaseState {
     fn gen(&self) -> Option<u64> {
         (self.gen_lease != 0).then_some(self.gen)
+    }
+
+    /// The pending renewal's batch is done: it extended the lease.
+    fn pending_done(&self) -> bool {
+        self.pending_batch != 0
+            && self
+                .progress
+                .as_ref()
+                .is_some_and(|p| p.is_done(self.pending_batch))
+    }
+
+    /// Folds the pending renewal into the bound if its batch is done; drops
+    /// it if not and `keep` is false (a lease-setting request begins or
+    /// ends: it overlapped the renewal).
+    fn settle_renewal(&mut self, keep: bool) {
+        if self.pending_batch == 0 {
+            return;
+        }
+        if self.pending_done() {
+            let gain = Duration::from_millis(u64::from(self.pending_ms));
+            if let Some(until) = self.valid_until.checked_add(gain) {
+                self.valid_until = until;
+            }
+            self.pending_batch = 0;
+        } else if !keep {
+            self.pending_batch = 0;
+        }
     }
 
     /// Generation `gen` was written with `lease_ms` (`None`: a lease not
@@ -89,6 +137,27 @@ fn renewal_code(lease_ms: u64) -> u32 {
         .min(u32::MAX - 1)
 }
 
+/// The batches a watchdog is done with: a batch is done once every renewal
+/// of it that failed has been taken back from its hold (see [`LeaseState`]).
+/// Batches are numbered from 1 and done in order.
+#[derive(Default)]
+pub(crate) struct Progress {
+    done: AtomicU32,
+}
+
+impl Progress {
+    /// Batch `batch` and every one before it are done.
+    pub(crate) fn finish(&self, batch: u32) {
+        self.done.store(batch, Ordering::Release);
+    }
+
+    /// Whether `batch` is done (numbers wrap after some four billion
+    /// batches, years at the watchdog's rate).
+    fn is_done(&self, batch: u32) -> bool {
+        (self.done.load(Ordering::Acquire).wrapping_sub(batch) as i32) >= 0
+    }
+}
+
 /// What a renewal of a hold carries: the generation it expects, and the
 /// epoch it was taken in (`None` if a lease-setting request was under way:
 /// then its reply cannot raise the bound).
@@ -96,24 +165,6 @@ fn renewal_code(lease_ms: u64) -> u32 {
 pub(crate) struct RenewToken {
     pub(crate) epoch: Option<u64>,
     pub(crate) gen: Option<u64>,
-}
-
-/// Where a hold stands in the watchdog's schedule. It sits under the hold's
-/// lease lock (one lock per hold per renewal pass), but is read and written
-/// only by code that holds the watchdog's lock as well ([`Hold::sched`],
-/// [`Hold::take_due`]). One hold has at most one entry, always.
-pub(crate) enum Sched {
-    /// Not scheduled.
-    Idle,
-    /// In the schedule: in the bucket of this due tick, at this index.
-    Queued((u64, usize)),
-    /// Taken for a renewal that is under way; the renewal schedules it again
-    /// if it is still watched.
-    InFlight,
-    /// As `InFlight`, but `watch` gave new terms: the renewal schedules it
-    /// again with them. (Two variants: the enum packs into 24 bytes, where
-    /// `InFlight(Option<..>)` took 32.)
-    InFlightRewatched { interval: Duration, lease_ms: u64 },
 }
 
 /// What one owner (this thread of this client) holds of one lock: the
@@ -202,7 +253,10 @@ impl Hold {
                 busy: 0,
                 gen,
                 gen_lease: lease_code(lease_ms),
-                sched: Sched::Idle,
+                pending_batch: 0,
+                pending_ms: 0,
+                progress: None,
+                slot: 0,
             }),
             lost: AtomicBool::new(false),
             released: AtomicBool::new(false),
@@ -347,6 +401,7 @@ impl Hold {
     /// the request's ticket.
     pub(crate) fn begin(&self, sent: Instant, lease_ms: u64) -> u64 {
         let mut st = self.lease.lock();
+        st.settle_renewal(false);
         st.epoch += 1;
         st.busy += 1;
         st.valid_until = st.valid_until.min(deadline(sent, lease_ms));
@@ -359,6 +414,7 @@ impl Hold {
     /// one set is what Redis has.
     pub(crate) fn confirmed(&self, sent: Instant, lease_ms: u64, gen: u64) {
         let mut st = self.lease.lock();
+        st.settle_renewal(false);
         st.epoch += 1;
         st.busy = st.busy.saturating_sub(1);
         st.valid_until = deadline(sent, lease_ms);
@@ -384,6 +440,7 @@ impl Hold {
     pub(crate) fn settled(&self, epoch: u64, sent: Instant, lease_ms: u64, gen: u64) {
         let mut st = self.lease.lock();
         if st.epoch == epoch {
+            st.settle_renewal(false);
             st.epoch += 1;
             st.valid_until = deadline(sent, lease_ms);
             st.set_gen(Some(gen), Some(lease_ms));
@@ -395,25 +452,43 @@ impl Hold {
         self.aborted();
     }
 
-    /// The hold's entry in the watchdog's schedule (the hold's lease lock,
-    /// taken for it); call it only with the watchdog's own lock held, and
-    /// never while holding this hold's lease lock already.
-    pub(crate) fn sched(&self) -> MappedMutexGuard<'_, Sched> {
-        MutexGuard::map(self.lease.lock(), |st| &mut st.sched)
+    /// The hold's slot in the watchdog's schedule (`None`: not scheduled);
+    /// call it only with the watchdog's own lock held.
+    pub(crate) fn watch_slot(&self) -> Option<u32> {
+        self.lease.lock().slot.checked_sub(1)
     }
 
-    /// Takes the hold for a renewal with `lease_ms` if its entry is the one
-    /// due at `tick`: the renewal's token, and whether the key may carry a
-    /// longer lease than the renewal sets (a request or an earlier renewal
-    /// of the generation set a longer one, or what it set is not known:
-    /// then Redis must keep the longer one, with `GT`); the entry is marked
-    /// in flight. `None` (the entry dropped) when it is not watched any more
-    /// or the entry is not its own.
-    pub(crate) fn take_due(&self, tick: u64, lease_ms: u64) -> Option<(RenewToken, bool)> {
+    /// Records the hold's slot in the watchdog's schedule (`None`: not
+    /// scheduled any more) and the watchdog's progress; only with the
+    /// watchdog's own lock held.
+    pub(crate) fn set_watch_slot(&self, slot: Option<u32>, progress: &Arc<Progress>) {
         let mut st = self.lease.lock();
-        if !matches!(st.sched, Sched::Queued((at, _)) if at == tick) {
-            return None;
+        st.slot = slot.map_or(0, |s| s.saturating_add(1));
+        if st.progress.is_none() {
+            st.progress = Some(Arc::clone(progress));
         }
+    }
+
+    /// Takes the hold for a renewal with `lease_ms` in batch `batch` (sent
+    /// or not: `send`), whose success would extend the lease to `until`:
+    /// the renewal's token, and whether the key may carry a longer lease
+    /// than the renewal sets (a request or an earlier renewal of the
+    /// generation set a longer one, or what it set is not known: then Redis
+    /// must keep the longer one, with `GT`). A renewal sent while no
+    /// lease-setting request is under way is pending (see [`LeaseState`]).
+    /// `None` when the hold is not watched any more: then it is no longer
+    /// scheduled either. Only with the watchdog's own lock held, and once
+    /// every earlier batch is done.
+    pub(crate) fn take_due(
+        &self,
+        lease_ms: u64,
+        batch: u32,
+        until: Instant,
+        send: bool,
+    ) -> Option<(RenewToken, bool)> {
+        let mut st = self.lease.lock();
+        // The renewal before, if it was not folded yet.
+        st.settle_renewal(true);
         // The token first: a last watched guard released after this check
         // changes the epoch (and the generation in Redis).
         let token = RenewToken {
@@ -428,29 +503,28 @@ impl Hold {
             if st.gen_lease != 0 && code > st.gen_lease {
                 st.gen_lease = lease_code(lease_ms);
             }
-            st.sched = Sched::InFlight;
+            let gain = until.saturating_duration_since(st.valid_until);
+            if send && token.epoch.is_some() && !gain.is_zero() {
+                st.pending_batch = batch;
+                // Whole ms, without `as_millis`' 128-bit division.
+                let ms = gain
+                    .as_secs()
+                    .saturating_mul(1000)
+                    .saturating_add(u64::from(gain.subsec_millis()));
+                st.pending_ms = u32::try_from(ms).unwrap_or(u32::MAX);
+            }
             Some((token, keep_longer))
         } else {
-            st.sched = Sched::Idle;
+            st.slot = 0;
             None
         }
     }
 
-    /// A renewal taken with `token` extended the lease to `until`: raises
-    /// the bound unless a lease-setting request began since (`true` if it
-    /// raised it), and gives the hold's entry in the watchdog's schedule, under
-    /// the same lock (see [`sched`](Hold::sched) for when to call it).
-    pub(crate) fn renewed(
-        &self,
-        token: RenewToken,
-        until: Instant,
-    ) -> (bool, MappedMutexGuard<'_, Sched>) {
-        let mut st = self.lease.lock();
-        let raised = st.busy == 0 && token.epoch == Some(st.epoch);
-        if raised {
-            st.valid_until = st.valid_until.max(until);
-        }
-        (raised, MutexGuard::map(st, |st| &mut st.sched))
+    /// The renewal taken in the batch under way did not extend the lease
+    /// (or its outcome is not known): it raises no bound. Called for each
+    /// such renewal before the batch is done.
+    pub(crate) fn not_renewed(&self) {
+        self.lease.lock().pending_batch = 0;
     }
 
     /// A renewal taken with `token` found generation `gen` in Redis: if no
@@ -471,7 +545,9 @@ impl Hold {
     }
 
     pub(crate) fn valid_until(&self) -> Instant {
-        self.lease.lock().valid_until
+        let mut st = self.lease.lock();
+        st.settle_renewal(true);
+        st.valid_until
     }
 
     /// Tells `listener` (while it lives) when the hold is reported lost.
@@ -605,7 +681,7 @@ pub(crate) fn slot_key(name: &str, kind: Kind) -> String {
 mod tests {
     use std::time::Instant;
 
-    use super::{owner_key, slot_key, Hold, Sched};
+    use super::{owner_key, slot_key, Hold};
     use crate::scripts::{Kind, LockRef};
 
     #[test]
@@ -644,8 +720,9 @@ mod tests {
     /// Takes `hold` for a renewal with `lease_ms`: whether Redis must keep
     /// a longer lease than the renewal's (`GT`).
     fn keeps_longer(hold: &Hold, lease_ms: u64) -> bool {
-        *hold.sched() = Sched::Queued((5, 0));
-        hold.take_due(5, lease_ms).expect("due").1
+        hold.take_due(lease_ms, 1, Instant::now(), true)
+            .expect("due")
+            .1
     }
 
     #[test]
@@ -672,12 +749,10 @@ mod tests {
         hold.settled(hold.epoch(), now, 3_000, 4);
         assert!(!keeps_longer(&hold, 3_000));
         // A generation adopted from Redis (an undo's): its lease is not known.
-        *hold.sched() = Sched::Queued((5, 0));
-        let (token, _) = hold.take_due(5, 3_000).expect("due");
+        let (token, _) = hold.take_due(3_000, 1, now, true).expect("due");
         assert!(hold.adopt(token, Some(9)));
         assert!(keeps_longer(&hold, 3_000));
-        *hold.sched() = Sched::Queued((5, 0));
-        let (token, _) = hold.take_due(5, 3_000).expect("due");
+        let (token, _) = hold.take_due(3_000, 1, now, true).expect("due");
         assert!(hold.adopt(token, None));
         assert!(keeps_longer(&hold, 3_000));
         // Leases of 49 days and more are not told apart: kept.
@@ -688,6 +763,63 @@ mod tests {
             hold.confirmed(now, long, 6);
             assert!(keeps_longer(&hold, long), "{long}");
         }
+    }
+
+    /// A renewal raises the bound once its batch is done, and never when
+    /// it failed or a lease-setting request overlapped it.
+    #[test]
+    fn a_renewal_raises_the_bound_once_its_batch_is_done() {
+        use std::sync::Arc;
+        use std::time::Duration;
+
+        use super::Progress;
+
+        let lock = LockRef {
+            name: "n",
+            channel: "c",
+            field: "6f1c2c1e-3b1a-4a51-9a4e-1f2e3d4c5b6a:7",
+            kind: Kind::Plain,
+        };
+        let t0 = Instant::now();
+        let hold = Hold::new(1, lock, t0, 3_000, 1, None, false);
+        hold.acquired(3_000, true);
+        let progress = Arc::new(Progress::default());
+        hold.set_watch_slot(Some(0), &progress);
+        let first = hold.valid_until();
+        let later = first + Duration::from_secs(2);
+        // Taken in batch 1: pending until the batch is done.
+        hold.take_due(3_000, 1, later, true).expect("due");
+        assert_eq!(hold.valid_until(), first, "batch 1 under way");
+        progress.finish(1);
+        assert_eq!(hold.valid_until(), later, "batch 1 done");
+        // Failed in batch 2: taken back before the batch is done.
+        let more = later + Duration::from_secs(2);
+        hold.take_due(3_000, 2, more, true).expect("due");
+        hold.not_renewed();
+        progress.finish(2);
+        assert_eq!(hold.valid_until(), later, "a failed renewal raises nothing");
+        // A request that begins while batch 3 is under way drops it.
+        hold.take_due(3_000, 3, more, true).expect("due");
+        hold.begin(t0, 60_000);
+        progress.finish(3);
+        assert_eq!(
+            hold.valid_until(),
+            later,
+            "an overlapped renewal raises nothing"
+        );
+        hold.confirmed(t0, 3_000, 2);
+        let confirmed = hold.valid_until();
+        // Done before the next request begins: the request keeps its gain.
+        let most = confirmed + Duration::from_secs(5);
+        hold.take_due(3_000, 4, most, true).expect("due");
+        progress.finish(4);
+        hold.begin(most + Duration::from_secs(60), 60_000);
+        assert_eq!(hold.valid_until(), most, "folded before the request began");
+        // Not sent (its hold was capped): nothing pending.
+        hold.confirmed(t0, 3_000, 3);
+        hold.take_due(3_000, 5, most, false).expect("due");
+        progress.finish(5);
+        assert_eq!(hold.valid_until(), confirmed);
     }
 
     #[test]
@@ -716,7 +848,6 @@ mod size {
         let sizes = [
             ("Hold", std::mem::size_of::<super::Hold>(), 200),
             ("LeaseState", std::mem::size_of::<super::LeaseState>(), 64),
-            ("Sched", std::mem::size_of::<super::Sched>(), 24),
         ];
         for (what, size, limit) in sizes {
             assert!(
@@ -738,14 +869,18 @@ mod size {
         // In the `Arc`'s allocation the hold follows two counts.
         let at = |offset: usize| 2 * size_of::<usize>() + offset;
         // The strong count (read by the watchdog's `touch`), the lease
-        // lock's state, the kind (beside the flags), the owner key.
+        // lock's state, the kind (beside the flags), the owner key's id and
+        // flag.
         let read = [
             0,
             at(offset_of!(Hold, lease)),
             at(offset_of!(Hold, kind)),
             at(offset_of!(Hold, owner)),
+            at(offset_of!(Hold, owner)) + size_of::<u64>(),
         ];
-        let used = at(offset_of!(Hold, owner)) + size_of::<Option<(u64, bool)>>();
+        // The owner key is read whole: its flag (after the id) tells the
+        // `Option` apart.
+        let used = at(offset_of!(Hold, owner)) + size_of::<u64>() + 1;
         for start in (0..64).step_by(16) {
             let lines: BTreeSet<usize> = (start..start + used).map(|b| b / 64).collect();
             let warmed: BTreeSet<usize> = read.iter().map(|o| (start + o) / 64).collect();

@@ -1,19 +1,26 @@
 //! The renewal scheduler (`redlease-watchdog`): one thread per client keeps
 //! every watched lock alive, whatever their number.
 //!
-//! The schedule is an ordered map from due times, rounded up to the
-//! millisecond, to buckets of entries; each entry holds the
-//! [`Hold`] it renews, which re-entries of one owner share, and carries that
-//! lock's own interval and lease. The locks of one batch come due together
-//! again, into one bucket: scheduling a renewal is a push, not a map
-//! insertion. A release removes its entry at once (a swap within its
-//! bucket), so released locks cost the thread nothing. A wake-up takes every
-//! bucket that is due, or due within a tenth of its first entry's interval,
-//! and renews them all in one round trip: a pipeline of multi-key renewal
-//! scripts of at most [`CHUNK`] locks each.
+//! Each watched hold has a *slot* in the schedule, which holds the
+//! [`Hold`] (re-entries of one owner share it) with that lock's own interval
+//! and lease, and a number that changes whenever the slot's terms change or
+//! it is let go. The schedule is an ordered map from due times, rounded up
+//! to the millisecond, to buckets of entries, each a slot and its number: an
+//! entry whose number is no longer its slot's is skipped. The locks of one
+//! batch come due together again, into one bucket: scheduling a renewal is a
+//! push, not a map insertion. A release lets its slot go at once (the hold
+//! with it), so released locks cost the thread nothing but a skipped entry.
+//! A wake-up takes every bucket that is due, or due within a tenth of its
+//! first entry's interval, and renews them all in one round trip: a
+//! pipeline of multi-key renewal scripts of at most [`CHUNK`] locks each.
 //!
-//! A hold has at most one entry: while its renewal is under way it is marked
-//! in flight, and a guard watched meanwhile only updates that mark.
+//! Scheduling a renewal that succeeded again reads no hold: its entry goes
+//! back into the schedule, and the hold's bound is raised when next read
+//! (a renewal taken from a hold is *pending* until its batch is done; see
+//! `hold::LeaseState`). With many locks the holds are not in the cache, and
+//! reading each once per renewal rather than twice is most of what a
+//! renewal costs the client. A renewal that failed is taken back from its
+//! hold before its batch is done.
 //!
 //! Each renewal carries the generation the owner last wrote (see
 //! `hold::LeaseState`): Redis extends the lease only if its owner field still
@@ -44,7 +51,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
-use crate::engine::hold::{Hold, RenewToken, Sched};
+use crate::engine::hold::{Hold, Progress, RenewToken};
 use crate::engine::process::Announce;
 use crate::engine::unsettled::Unsettled;
 use crate::net::pool::{fan_out, Job, Synced};
@@ -70,25 +77,39 @@ pub(crate) const MAX_SETTLE_DELAY: Duration = Duration::from_secs(1);
 
 pub(crate) type LostCallback = Arc<dyn Fn(&str) + Send + Sync + 'static>;
 
-/// A scheduled renewal; found in the schedule by (due tick, index in its
-/// bucket).
-struct Entry {
-    interval: Duration,
-    lease_ms: u64,
-    /// Strong: an entry is removed as soon as its hold stops being watched
+/// A watched hold's place in the schedule.
+struct Slot {
+    /// Strong: a slot is let go as soon as its hold stops being watched
     /// (release, last watched guard dropped, loss), so it keeps no released
     /// hold alive, and taking it for a renewal is a move, not an upgrade.
-    hold: Arc<Hold>,
+    /// `None` while its renewal is under way (the renewal has it) and while
+    /// the slot is free.
+    hold: Option<Arc<Hold>>,
+    interval: Duration,
+    lease_ms: u64,
+    /// Changed whenever the slot's terms change or it is let go: an entry
+    /// or a renewal with another number is no longer the slot's.
+    number: u32,
+    /// Let go while its renewal was under way: freed when that renewal
+    /// comes back.
+    orphan: bool,
 }
 
-type Key = (u64, usize);
+/// A scheduled renewal: a slot and the slot's number when it was scheduled.
+type Entry = (u32, u32);
 
 struct State {
     /// Buckets of entries by due tick (milliseconds since `base`, rounded up).
     schedule: BTreeMap<u64, Vec<Entry>>,
+    /// Indexed by an entry's slot.
+    slots: Vec<Slot>,
+    /// Slots free for reuse.
+    free: Vec<u32>,
     base: Instant,
-    /// Entries in the schedule.
+    /// Holds with a slot (watched).
     len: usize,
+    /// The last batch taken (see [`Progress`]).
+    batch: u32,
     /// Requests to settle, with the time of their next try and the number
     /// of tries so far.
     unsettled: Vec<(Instant, u32, Arc<Unsettled>)>,
@@ -128,6 +149,8 @@ struct Inner {
     /// or `TIME`, or the server refuses `GT`): renewals ask for `PEXPIRE`
     /// from then on (see renew.lua).
     relative: AtomicBool,
+    /// The batches done, which the holds read (see `hold::LeaseState`).
+    progress: Arc<Progress>,
 }
 
 /// The client's handle on the scheduler; stops the thread on drop.
@@ -137,6 +160,9 @@ pub(crate) struct Watchdog {
 
 struct Renewal {
     hold: Arc<Hold>,
+    /// Its slot, and the slot's number when it was taken.
+    slot: u32,
+    number: u32,
     /// The hold's kind and owner key, copied: grouping a batch reads no hold.
     kind: Kind,
     owner: Option<(u64, bool)>,
@@ -148,6 +174,9 @@ struct Renewal {
     keep_longer: bool,
     /// Held for its `max_hold`: not renewed any more, reported lost.
     capped: bool,
+    /// The hold has a `max_hold` (`Hold::capped`), copied: scheduling it
+    /// again reads the hold only then.
+    has_cap: bool,
 }
 
 /// What the renewal script says of one lock.
@@ -168,10 +197,14 @@ impl Watchdog {
                 on_lost,
                 settle_warned: Mutex::new(Vec::new()),
                 relative: AtomicBool::new(false),
+                progress: Arc::new(Progress::default()),
                 state: Mutex::new(State {
                     schedule: BTreeMap::new(),
+                    slots: Vec::new(),
+                    free: Vec::new(),
                     base: Instant::now(),
                     len: 0,
+                    batch: 0,
                     unsettled: Vec::new(),
                     sleeping_until: None,
                     announce: None,
@@ -204,29 +237,29 @@ impl Watchdog {
         interval: Duration,
         lease_ms: u64,
     ) -> std::io::Result<()> {
+        let progress = &self.inner.progress;
         self.schedule(|st| {
             let (due, every) = next_turn(hold, Instant::now() + interval, interval);
-            let mut sched = hold.sched();
-            match &mut *sched {
-                Sched::InFlight | Sched::InFlightRewatched { .. } => {
-                    // The renewal under way schedules it again, with these terms.
-                    *sched = Sched::InFlightRewatched { interval, lease_ms };
-                    false
+            let slot = match hold.watch_slot() {
+                Some(slot) => {
+                    // Scheduled already (its renewal may be under way): new
+                    // terms, from now on; the entry or renewal with the old
+                    // number is no longer the slot's.
+                    let s = &mut st.slots[slot as usize];
+                    s.number = s.number.wrapping_add(1);
+                    s.interval = every;
+                    s.lease_ms = lease_ms;
+                    slot
                 }
-                Sched::Queued(key) => {
-                    let key = *key;
-                    let due = match st.remove(key) {
-                        true => due.min(st.due(key.0)),
-                        false => due,
-                    };
-                    *sched = Sched::Queued(st.insert(due, hold, every, lease_ms));
-                    st.sleeping_until.is_some_and(|t| due < t)
+                None => {
+                    let slot = st.occupy(Arc::clone(hold), every, lease_ms);
+                    hold.set_watch_slot(Some(slot), progress);
+                    slot
                 }
-                Sched::Idle => {
-                    *sched = Sched::Queued(st.insert(due, hold, every, lease_ms));
-                    st.sleeping_until.is_some_and(|t| due < t)
-                }
-            }
+            };
+            let number = st.slots[slot as usize].number;
+            st.push(due, (slot, number));
+            st.sleeping_until.is_some_and(|t| due < t)
         })
     }
 
@@ -235,10 +268,11 @@ impl Watchdog {
     /// again (see `Hold::is_watched`).
     pub(crate) fn unwatch(&self, hold: &Hold) {
         let mut st = self.inner.state.lock();
-        let mut sched = hold.sched();
-        if let Sched::Queued(key) = *sched {
-            st.remove(key);
-            *sched = Sched::Idle;
+        if let Some(slot) = hold.watch_slot() {
+            hold.set_watch_slot(None, &self.inner.progress);
+            let released = st.release(slot);
+            drop(st);
+            drop(released);
         }
     }
 
@@ -327,51 +361,57 @@ impl State {
 
     /// When tick `t` is due.
     fn due(&self, t: u64) -> Instant {
-        self.base
-            .checked_add(Duration::from_millis(t))
-            .unwrap_or_else(|| far_future(self.base))
+        due_at(self.base, t)
     }
 
-    /// Adds an entry; the caller records the key in the hold's `sched`.
-    fn insert(&mut self, at: Instant, hold: &Arc<Hold>, interval: Duration, lease_ms: u64) -> Key {
-        let t = self.tick(at);
-        let bucket = self.schedule.entry(t).or_default();
-        bucket.push(Entry {
+    /// Gives `hold` a slot with these terms; the caller records it in the
+    /// hold.
+    fn occupy(&mut self, hold: Arc<Hold>, interval: Duration, lease_ms: u64) -> u32 {
+        self.len += 1;
+        if let Some(slot) = self.free.pop() {
+            let s = &mut self.slots[slot as usize];
+            s.hold = Some(hold);
+            s.interval = interval;
+            s.lease_ms = lease_ms;
+            s.number = s.number.wrapping_add(1);
+            return slot;
+        }
+        // More than 2^32 watched holds would not fit in memory first.
+        let slot = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
+        self.slots.push(Slot {
+            hold: Some(hold),
             interval,
             lease_ms,
-            hold: Arc::clone(hold),
+            number: 0,
+            orphan: false,
         });
-        self.len += 1;
-        (t, bucket.len() - 1)
+        slot
     }
 
-    /// Removes the entry at `key` (`false` if there is none). The caller
-    /// holds the lock of the removed entry's hold's `sched`; the entry moved
-    /// into its place (another hold's) gets its new index.
-    fn remove(&mut self, (t, i): Key) -> bool {
-        let Some(bucket) = self.schedule.get_mut(&t) else {
-            return false;
-        };
-        if i >= bucket.len() {
-            return false;
-        }
-        let removed = bucket.swap_remove(i);
+    /// Lets `slot` go (its hold is not watched any more; the caller records
+    /// that in the hold): its entry is skipped from now on, and the slot is
+    /// free, or freed when its renewal under way comes back. Returns the
+    /// hold, for the caller to drop once the lock is let go.
+    fn release(&mut self, slot: u32) -> Option<Arc<Hold>> {
+        let s = &mut self.slots[slot as usize];
+        s.number = s.number.wrapping_add(1);
         self.len -= 1;
-        let moved = bucket
-            .get(i)
-            .filter(|moved| !Arc::ptr_eq(&moved.hold, &removed.hold));
-        if let Some(moved) = moved {
-            let mut sched = moved.hold.sched();
-            if let Sched::Queued(key) = &mut *sched {
-                if *key == (t, bucket.len()) {
-                    key.1 = i;
-                }
+        match s.hold.take() {
+            Some(hold) => {
+                self.free.push(slot);
+                Some(hold)
+            }
+            None => {
+                s.orphan = true;
+                None
             }
         }
-        if bucket.is_empty() {
-            self.schedule.remove(&t);
-        }
-        true
+    }
+
+    /// Schedules `entry` at `at`.
+    fn push(&mut self, at: Instant, entry: Entry) {
+        let t = self.tick(at);
+        self.schedule.entry(t).or_default().push(entry);
     }
 }
 
@@ -379,7 +419,7 @@ impl Inner {
     fn run(self: Arc<Self>) {
         // The pipelines' buffers, kept from one batch to the next.
         let mut buffers = Vec::new();
-        while let Some((renewals, unsettled, announce)) = self.next_batch() {
+        while let Some((renewals, number, unsettled, announce)) = self.next_batch() {
             if let Some(announce) = announce {
                 // On a thread of its own: a slow node of the process key
                 // (its own, on a Cluster) must not hold the renewals up.
@@ -397,7 +437,7 @@ impl Inner {
                 self.settle(unsettled);
             }
             if !renewals.is_empty() {
-                self.renew(renewals, &mut buffers);
+                self.renew(renewals, number, &mut buffers);
                 if self.state.lock().len == 0 {
                     // Nothing to renew any more: no buffer kept for it.
                     buffers = Vec::new();
@@ -414,6 +454,7 @@ impl Inner {
         &self,
     ) -> Option<(
         Vec<Renewal>,
+        u32,
         Vec<(u32, Arc<Unsettled>)>,
         Option<Arc<Announce>>,
     )> {
@@ -458,54 +499,104 @@ impl Inner {
             }
         });
         let mut batch = Vec::new();
-        while let Some((&t, bucket)) = st.schedule.first_key_value() {
-            let slack = bucket.first().map_or(Duration::ZERO, |e| e.interval / 10);
-            if st.due(t) > now + slack {
+        // What a renewal sent now extends a lease to, per lease (most share
+        // one).
+        let mut bound: Option<(u64, Instant)> = None;
+        // This batch's number (see `Progress`): never 0, which a hold
+        // reads as none.
+        let number = match st.batch.wrapping_add(1) {
+            0 => 1,
+            n => n,
+        };
+        let State {
+            schedule,
+            slots,
+            free,
+            len,
+            base,
+            ..
+        } = &mut *st;
+        while let Some(first) = schedule.first_entry() {
+            let t = *first.key();
+            let slack = first
+                .get()
+                .first()
+                .and_then(|&(slot, _)| slots.get(slot as usize))
+                .map_or(Duration::ZERO, |s| s.interval / 10);
+            if due_at(*base, t) > now + slack {
                 break;
             }
-            let bucket = st.schedule.remove(&t).unwrap_or_default();
-            st.len -= bucket.len();
+            let bucket = first.remove();
             batch.reserve(bucket.len());
-            let mut entries = bucket.into_iter();
-            while entries.len() > 0 {
+            for block in bucket.chunks(TOUCH) {
                 touch(
-                    entries.as_slice().iter().take(TOUCH).map(|e| &e.hold),
+                    block.iter().filter_map(|&(slot, n)| {
+                        slots
+                            .get(slot as usize)
+                            .filter(|s| s.number == n)
+                            .and_then(|s| s.hold.as_ref())
+                    }),
                     false,
                 );
-                for e in entries.by_ref().take(TOUCH) {
+                for &(slot, n) in block {
+                    let Some(s) = slots.get_mut(slot as usize).filter(|s| s.number == n) else {
+                        // Let go or given new terms since it was scheduled.
+                        continue;
+                    };
+                    let Some(hold) = s.hold.take() else {
+                        continue;
+                    };
                     // A capped hold is renewed up to its cap, no further, and
                     // not at all once the cap has come (within its own slack:
                     // none for an entry due at its cap). The cap is read only
                     // for a hold that has one: it sits past the cache lines
                     // every renewal reads.
-                    let (lease_ms, capped) = if e.hold.capped {
+                    let (lease_ms, capped) = if hold.capped {
                         (
-                            e.hold.capped_lease_ms(e.lease_ms, now),
-                            e.hold.cap.is_some_and(|cap| cap <= now + e.interval / 10),
+                            hold.capped_lease_ms(s.lease_ms, now),
+                            hold.cap.is_some_and(|cap| cap <= now + s.interval / 10),
                         )
                     } else {
-                        (e.lease_ms, false)
+                        (s.lease_ms, false)
                     };
-                    if let Some((token, keep_longer)) = e.hold.take_due(t, lease_ms) {
-                        batch.push(Renewal {
+                    let until = match bound {
+                        Some((ms, until)) if ms == lease_ms => until,
+                        _ => {
+                            let until = deadline(now, lease_ms);
+                            bound = Some((lease_ms, until));
+                            until
+                        }
+                    };
+                    match hold.take_due(lease_ms, number, until, !capped) {
+                        Some((token, keep_longer)) => batch.push(Renewal {
                             // A write hold shares its hash with its owner's
                             // read holds, whose leases it must keep: always
                             // `GT` (a read hold's renewal never shortens
                             // either way).
-                            keep_longer: keep_longer || e.hold.kind.is_rw(),
-                            kind: e.hold.kind,
-                            owner: e.hold.owner,
+                            keep_longer: keep_longer || hold.kind.is_rw(),
+                            kind: hold.kind,
+                            owner: hold.owner,
+                            has_cap: hold.capped,
                             lease_ms,
-                            hold: e.hold,
-                            interval: e.interval,
+                            interval: s.interval,
+                            slot,
+                            number: n,
+                            hold,
                             token,
                             capped,
-                        });
+                        }),
+                        None => {
+                            // Not watched any more (the hold says so now).
+                            s.number = s.number.wrapping_add(1);
+                            free.push(slot);
+                            *len -= 1;
+                        }
                     }
                 }
             }
         }
-        Some((batch, unsettled, announce))
+        st.batch = number;
+        Some((batch, number, unsettled, announce))
     }
 
     /// Writes the process key (one round trip, tried once: it is written
@@ -667,12 +758,15 @@ impl Inner {
         }
     }
 
-    fn renew(&self, mut batch: Vec<Renewal>, buffers: &mut Vec<Vec<u8>>) {
+    /// Renews `batch`, batch number `number` (see [`Progress`]), and
+    /// schedules its locks again.
+    fn renew(&self, mut batch: Vec<Renewal>, number: u32, buffers: &mut Vec<Vec<u8>>) {
         if batch.iter().any(|r| r.capped) {
             let capped;
             (capped, batch) = batch.into_iter().partition(|r| r.capped);
             self.stop_capped(capped);
             if batch.is_empty() {
+                self.progress.finish(number);
                 return;
             }
         }
@@ -695,121 +789,125 @@ impl Inner {
         self.counters
             .renewals
             .fetch_add(renewed as u64, Ordering::Relaxed);
-        // One pass over the holds: the outcome and the next entry under one
-        // lock of each hold. The schedule's lock is let go every so often, so
-        // that a large batch does not hold up acquisitions. Renewals of one
-        // lease share the bound they give, and those of one interval their
-        // next turn, due tick and bucket: each is computed (or looked up) once
-        // per run.
+        // One pass over the renewals: each goes back into the schedule, and
+        // only one that failed reads its hold (to take it back, see
+        // `Hold::not_renewed`, and to find whether it is lost): a renewal
+        // that succeeded raises its hold's bound once the batch is done
+        // (`Progress`). The schedule's lock is let go every so often, so that
+        // a large batch does not hold up acquisitions. Renewals of one
+        // interval share their next turn, due tick and bucket: each is
+        // computed (or looked up) once per run.
         let mut lost = Vec::new();
+        // Holds let go meanwhile, dropped once the lock is let go.
+        let mut gone = Vec::new();
         let mut st = self.state.lock();
         let mut renewals = batch.into_iter();
         let mut outcomes = outcomes.into_iter();
-        let mut k = 0usize;
-        let mut bound: Option<(u64, Instant)> = None;
         let mut tick: Option<(Instant, u64)> = None;
         let mut turn: Option<(Duration, Instant)> = None;
         let mut reserved = false;
         // Renewals taken out of `renewals` so far.
         let mut placed = 0usize;
         while renewals.len() > 0 {
-            touch(
-                renewals.as_slice().iter().take(TOUCH).map(|r| &r.hold),
-                false,
-            );
-            k += TOUCH;
-            if k % 1024 < TOUCH {
+            if placed % 1024 == 1023 {
                 MutexGuard::bump(&mut st);
             }
             let State {
                 schedule,
+                slots,
+                free,
                 len,
                 base,
                 ..
             } = &mut *st;
             let mut bucket: Option<(u64, &mut Vec<Entry>)> = None;
-            for (r, outcome) in renewals.by_ref().take(TOUCH).zip(outcomes.by_ref()) {
+            for (r, outcome) in renewals.by_ref().take(1024).zip(outcomes.by_ref()) {
                 placed += 1;
-                let (at, mut sched) = match outcome {
-                    Some(Outcome::Renewed) => {
-                        let until = match bound {
-                            Some((ms, until)) if ms == r.lease_ms => until,
+                let renewed = matches!(outcome, Some(Outcome::Renewed));
+                let at = if renewed {
+                    match r.interval {
+                        // An entry due at its cap (no interval) stays due then.
+                        Duration::ZERO => Some(r.hold.cap.unwrap_or(sent + RETRY_DELAY)),
+                        interval => Some(match turn {
+                            Some((every, at)) if every == interval => at,
                             _ => {
-                                let until = deadline(sent, r.lease_ms);
-                                bound = Some((r.lease_ms, until));
-                                until
+                                let at = sent + interval;
+                                turn = Some((interval, at));
+                                at
                             }
-                        };
-                        // The bound is raised only by a renewal that no
-                        // lease-setting request of the hold overlapped; else
-                        // the next renewal comes soon.
-                        let (raised, sched) = r.hold.renewed(r.token, until);
-                        let at = match r.interval {
-                            _ if !raised => retry(&r),
-                            // An entry due at its cap (no interval) stays due then.
-                            Duration::ZERO => r.hold.cap.unwrap_or(sent + RETRY_DELAY),
-                            interval => match turn {
-                                Some((every, at)) if every == interval => at,
-                                _ => {
-                                    let at = sent + interval;
-                                    turn = Some((interval, at));
-                                    at
-                                }
-                            },
-                        };
-                        (Some(at), sched)
+                        }),
                     }
-                    other => {
-                        let at = match other {
-                            // A generation that reads as the one sent but is
-                            // not it (a shape this kind never writes), or none
-                            // that parses: not ours to adopt; renewing again
-                            // at once would only find it again.
-                            Some(Outcome::Stale(gen)) if gen == r.token.gen => {
-                                lost.push((
-                                    Arc::clone(&r.hold),
-                                    "its owner field carries a generation this client did not write",
-                                ));
-                                None
-                            }
-                            Some(Outcome::Stale(gen)) if r.hold.adopt(r.token, gen) => Some(now),
-                            Some(Outcome::Stale(_)) => Some(retry(&r)),
-                            Some(Outcome::Gone) => {
-                                lost.push((
-                                    Arc::clone(&r.hold),
-                                    "its key or owner field is gone from redis",
-                                ));
-                                None
-                            }
-                            // Not renewed (no answer, an error, too few
-                            // replicas): the bound stays where it was; retried
-                            // soon, lost once it has passed.
-                            None if now >= r.hold.valid_until() => {
-                                lost.push((
-                                    Arc::clone(&r.hold),
-                                    "it could not be renewed before its lease ran out",
-                                ));
-                                None
-                            }
-                            None | Some(Outcome::Renewed) => Some(retry(&r)),
-                        };
-                        (at, r.hold.sched())
+                } else {
+                    r.hold.not_renewed();
+                    match outcome {
+                        // A generation that reads as the one sent but is
+                        // not it (a shape this kind never writes), or none
+                        // that parses: not ours to adopt; renewing again
+                        // at once would only find it again.
+                        Some(Outcome::Stale(gen)) if gen == r.token.gen => {
+                            lost.push((
+                                Arc::clone(&r.hold),
+                                "its owner field carries a generation this client did not write",
+                            ));
+                            None
+                        }
+                        Some(Outcome::Stale(gen)) if r.hold.adopt(r.token, gen) => Some(now),
+                        Some(Outcome::Stale(_)) => Some(retry(&r)),
+                        Some(Outcome::Gone) => {
+                            lost.push((
+                                Arc::clone(&r.hold),
+                                "its key or owner field is gone from redis",
+                            ));
+                            None
+                        }
+                        // Not renewed (no answer, an error, too few
+                        // replicas): the bound stays where it was; retried
+                        // soon, lost once it has passed.
+                        None if now >= r.hold.valid_until() => {
+                            lost.push((
+                                Arc::clone(&r.hold),
+                                "it could not be renewed before its lease ran out",
+                            ));
+                            None
+                        }
+                        None | Some(Outcome::Renewed) => Some(retry(&r)),
                     }
                 };
-                // Checked under the lock that `unwatch` takes: a hold released
-                // during the round trip is not scheduled again.
-                let (interval, lease_ms) = match &*sched {
-                    Sched::InFlightRewatched { interval, lease_ms } => (*interval, *lease_ms),
-                    _ => (r.interval, r.lease_ms),
+                let Some(slot) = slots.get_mut(r.slot as usize) else {
+                    continue;
                 };
+                if slot.number != r.number {
+                    // Let go during the round trip (free now), or given new
+                    // terms (and an entry of its own).
+                    if slot.orphan {
+                        slot.orphan = false;
+                        free.push(r.slot);
+                        gone.push(r.hold);
+                    } else {
+                        slot.hold = Some(r.hold);
+                    }
+                    continue;
+                }
+                // A hold released without being let go (found at its next
+                // turn if it renewed) is not scheduled again after a failure.
                 let next = match at {
-                    Some(at) if r.hold.is_watched() => Some(next_turn(&r.hold, at, interval)),
+                    Some(at) if r.has_cap && (renewed || r.hold.is_watched()) => {
+                        Some(next_turn(&r.hold, at, r.interval))
+                    }
+                    Some(at) if renewed || r.hold.is_watched() => Some((at, r.interval)),
                     _ => None,
                 };
                 let Some((at, interval)) = next else {
-                    *sched = Sched::Idle;
+                    // Lost, or not watched any more: its slot is let go.
+                    r.hold.set_watch_slot(None, &self.progress);
+                    slot.number = slot.number.wrapping_add(1);
+                    free.push(r.slot);
+                    *len -= 1;
+                    gone.push(r.hold);
                     continue;
                 };
+                slot.interval = interval;
+                slot.hold = Some(r.hold);
                 let t = match tick {
                     Some((a, t)) if a == at => t,
                     _ => {
@@ -833,18 +931,14 @@ impl Inner {
                     entries.reserve(size - placed + 1);
                     reserved = true;
                 }
-                *sched = Sched::Queued((t, entries.len()));
-                drop(sched);
-                entries.push(Entry {
-                    interval,
-                    lease_ms,
-                    hold: r.hold,
-                });
-                *len += 1;
+                entries.push((r.slot, r.number));
                 bucket = Some((t, entries));
             }
         }
         drop(st);
+        // Every renewal of the batch that failed was taken back above.
+        self.progress.finish(number);
+        drop(gone);
         let events = &self.router.counters().events;
         if events.is_on() {
             events.renewal_batch(size, now - sent, lost.len());
@@ -856,16 +950,35 @@ impl Inner {
 
     /// Holds that were held for their `max_hold`: renewed no more (their
     /// lease, which no renewal took past the cap, runs out) and reported
-    /// lost.
+    /// lost. Their renewals were taken without a bound to raise.
     fn stop_capped(&self, capped: Vec<Renewal>) {
+        let mut gone = Vec::new();
         {
-            // An entry changes under the schedule's lock (see `Hold::sched`).
-            let _schedule = self.state.lock();
+            let mut st = self.state.lock();
             for r in &capped {
-                *r.hold.sched() = Sched::Idle;
+                let State {
+                    slots, free, len, ..
+                } = &mut *st;
+                let Some(slot) = slots.get_mut(r.slot as usize) else {
+                    continue;
+                };
+                if slot.number != r.number {
+                    if slot.orphan {
+                        slot.orphan = false;
+                        free.push(r.slot);
+                    } else {
+                        slot.hold = Some(Arc::clone(&r.hold));
+                    }
+                    continue;
+                }
+                r.hold.set_watch_slot(None, &self.progress);
+                slot.number = slot.number.wrapping_add(1);
+                free.push(r.slot);
+                *len -= 1;
             }
+            gone.extend(capped);
         }
-        for r in capped {
+        for r in gone {
             self.lose(
                 &r.hold,
                 "it was held for its max_hold, so the watchdog renewed it no more",
@@ -1178,6 +1291,12 @@ impl Flags {
             (true, true) => b"3",
         }
     }
+}
+
+/// [`State::due`] of tick `t` for a schedule that began at `base`.
+fn due_at(base: Instant, t: u64) -> Instant {
+    base.checked_add(Duration::from_millis(t))
+        .unwrap_or_else(|| far_future(base))
 }
 
 /// [`State::tick`] of `at` for a schedule that began at `base`.
@@ -1835,6 +1954,9 @@ mod tests {
             token: RenewToken { epoch: None, gen },
             keep_longer: kind.is_rw() || lease_ms % 2 == 1,
             capped: false,
+            has_cap: false,
+            slot: 0,
+            number: 0,
         }
     }
 

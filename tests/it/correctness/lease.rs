@@ -418,7 +418,8 @@ fn one_hold_has_at_most_one_watchdog_entry() {
         a.stats().watchdog_entries == 1
     });
     // Each renewal round trip renews this one lock once (a duplicate entry
-    // would renew it once per entry).
+    // would renew it once per entry). A renewal may be under way when the
+    // window opens: its round trip counts before it, its renewal in it.
     let before = a.stats();
     thread::sleep(Duration::from_millis(600)); // ~6 renewal intervals
     let after = a.stats();
@@ -426,7 +427,7 @@ fn one_hold_has_at_most_one_watchdog_entry() {
     let renewals = after.renewals - before.renewals;
     assert!(trips >= 2, "the hold is renewed: {trips} round trips");
     assert!(
-        renewals <= trips,
+        renewals <= trips + 1,
         "{renewals} renewals in {trips} round trips for one hold: duplicate watchdog entries"
     );
     assert!(a.stats().watchdog_entries <= 1);
