@@ -98,16 +98,22 @@ struct Slot {
 /// A scheduled renewal: a slot and the slot's number when it was scheduled.
 type Entry = (u32, u32);
 
+/// The watched holds' slots.
+#[derive(Default)]
+struct Slots {
+    /// Indexed by an entry's slot.
+    all: Vec<Slot>,
+    /// Slots free for reuse.
+    free: Vec<u32>,
+    /// Holds with a slot (watched).
+    len: usize,
+}
+
 struct State {
     /// Buckets of entries by due tick (milliseconds since `base`, rounded up).
     schedule: BTreeMap<u64, Vec<Entry>>,
-    /// Indexed by an entry's slot.
-    slots: Vec<Slot>,
-    /// Slots free for reuse.
-    free: Vec<u32>,
+    slots: Slots,
     base: Instant,
-    /// Holds with a slot (watched).
-    len: usize,
     /// The last batch taken (see [`Progress`]).
     batch: u32,
     /// Requests to settle, with the time of their next try and the number
@@ -200,10 +206,8 @@ impl Watchdog {
                 progress: Arc::new(Progress::default()),
                 state: Mutex::new(State {
                     schedule: BTreeMap::new(),
-                    slots: Vec::new(),
-                    free: Vec::new(),
+                    slots: Slots::default(),
                     base: Instant::now(),
-                    len: 0,
                     batch: 0,
                     unsettled: Vec::new(),
                     sleeping_until: None,
@@ -223,7 +227,7 @@ impl Watchdog {
 
     /// Locks being renewed.
     pub(crate) fn scheduled(&self) -> usize {
-        self.inner.state.lock().len
+        self.inner.state.lock().slots.len
     }
 
     /// Starts renewing `hold` every `interval` with `lease_ms`.
@@ -240,25 +244,20 @@ impl Watchdog {
         let progress = &self.inner.progress;
         self.schedule(|st| {
             let (due, every) = next_turn(hold, Instant::now() + interval, interval);
-            let slot = match hold.watch_slot() {
+            let entry = match hold.watch_slot() {
                 Some(slot) => {
                     // Scheduled already (its renewal may be under way): new
                     // terms, from now on; the entry or renewal with the old
                     // number is no longer the slot's.
-                    let s = &mut st.slots[slot as usize];
-                    s.number = s.number.wrapping_add(1);
-                    s.interval = every;
-                    s.lease_ms = lease_ms;
-                    slot
+                    st.slots.renew_terms(slot, every, lease_ms)
                 }
                 None => {
-                    let slot = st.occupy(Arc::clone(hold), every, lease_ms);
-                    hold.set_watch_slot(Some(slot), progress);
-                    slot
+                    let entry = st.slots.occupy(Arc::clone(hold), every, lease_ms);
+                    hold.set_watch_slot(Some(entry.0), progress);
+                    entry
                 }
             };
-            let number = st.slots[slot as usize].number;
-            st.push(due, (slot, number));
+            st.push(due, entry);
             st.sleeping_until.is_some_and(|t| due < t)
         })
     }
@@ -270,7 +269,7 @@ impl Watchdog {
         let mut st = self.inner.state.lock();
         if let Some(slot) = hold.watch_slot() {
             hold.set_watch_slot(None, &self.inner.progress);
-            let released = st.release(slot);
+            let released = st.slots.release(slot);
             drop(st);
             drop(released);
         }
@@ -350,42 +349,46 @@ impl Drop for Watchdog {
     }
 }
 
-impl State {
-    /// The tick of `at`: milliseconds since `base`, rounded up (renewing up
-    /// to a millisecond late is nothing next to an interval of 50 ms or
-    /// more, and it puts the locks acquired in one millisecond in one
-    /// bucket).
-    fn tick(&self, at: Instant) -> u64 {
-        tick_of(self.base, at)
-    }
-
-    /// When tick `t` is due.
-    fn due(&self, t: u64) -> Instant {
-        due_at(self.base, t)
-    }
-
-    /// Gives `hold` a slot with these terms; the caller records it in the
-    /// hold.
-    fn occupy(&mut self, hold: Arc<Hold>, interval: Duration, lease_ms: u64) -> u32 {
+impl Slots {
+    /// Gives `hold` a slot with these terms, and returns its entry; the
+    /// caller records the slot in the hold.
+    fn occupy(&mut self, hold: Arc<Hold>, interval: Duration, lease_ms: u64) -> Entry {
         self.len += 1;
         if let Some(slot) = self.free.pop() {
-            let s = &mut self.slots[slot as usize];
+            let s = &mut self.all[slot as usize];
             s.hold = Some(hold);
             s.interval = interval;
             s.lease_ms = lease_ms;
             s.number = s.number.wrapping_add(1);
-            return slot;
+            return (slot, s.number);
         }
         // More than 2^32 watched holds would not fit in memory first.
-        let slot = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
-        self.slots.push(Slot {
+        let slot = u32::try_from(self.all.len()).unwrap_or(u32::MAX);
+        self.all.push(Slot {
             hold: Some(hold),
             interval,
             lease_ms,
             number: 0,
             orphan: false,
         });
-        slot
+        (slot, 0)
+    }
+
+    /// New terms for `slot` from now on, and its new entry: the entry or
+    /// renewal with the old number is no longer the slot's.
+    fn renew_terms(&mut self, slot: u32, interval: Duration, lease_ms: u64) -> Entry {
+        let s = &mut self.all[slot as usize];
+        s.number = s.number.wrapping_add(1);
+        s.interval = interval;
+        s.lease_ms = lease_ms;
+        (slot, s.number)
+    }
+
+    /// The slot of `entry`, while the entry is its own.
+    fn current(&mut self, (slot, number): Entry) -> Option<&mut Slot> {
+        self.all
+            .get_mut(slot as usize)
+            .filter(|s| s.number == number)
     }
 
     /// Lets `slot` go (its hold is not watched any more; the caller records
@@ -393,7 +396,7 @@ impl State {
     /// free, or freed when its renewal under way comes back. Returns the
     /// hold, for the caller to drop once the lock is let go.
     fn release(&mut self, slot: u32) -> Option<Arc<Hold>> {
-        let s = &mut self.slots[slot as usize];
+        let s = &mut self.all[slot as usize];
         s.number = s.number.wrapping_add(1);
         self.len -= 1;
         match s.hold.take() {
@@ -406,6 +409,53 @@ impl State {
                 None
             }
         }
+    }
+
+    /// Lets the slot of a renewal taken from it go, the renewal's hold
+    /// with the caller (not watched any more; the caller records that in
+    /// the hold).
+    fn let_go(&mut self, slot: u32) {
+        let s = &mut self.all[slot as usize];
+        s.number = s.number.wrapping_add(1);
+        self.free.push(slot);
+        self.len -= 1;
+    }
+
+    /// A renewal of `hold` taken from the slot of `entry` is back: `Err`
+    /// with the hold if the slot is still the renewal's (the caller
+    /// schedules it again or lets it go), else `Ok` with the hold to drop
+    /// if the slot was let go meanwhile (now free) or `None` if it was
+    /// given new terms and an entry of its own (the hold is back in it).
+    fn take_back(&mut self, entry: Entry, hold: Arc<Hold>) -> Result<Option<Arc<Hold>>, Arc<Hold>> {
+        let Some(s) = self.all.get_mut(entry.0 as usize) else {
+            return Ok(Some(hold));
+        };
+        if s.number == entry.1 {
+            return Err(hold);
+        }
+        if s.orphan {
+            s.orphan = false;
+            self.free.push(entry.0);
+            Ok(Some(hold))
+        } else {
+            s.hold = Some(hold);
+            Ok(None)
+        }
+    }
+}
+
+impl State {
+    /// The tick of `at`: milliseconds since `base`, rounded up (renewing up
+    /// to a millisecond late is nothing next to an interval of 50 ms or
+    /// more, and it puts the locks acquired in one millisecond in one
+    /// bucket).
+    fn tick(&self, at: Instant) -> u64 {
+        tick_of(self.base, at)
+    }
+
+    /// When tick `t` is due.
+    fn due(&self, t: u64) -> Instant {
+        due_at(self.base, t)
     }
 
     /// Schedules `entry` at `at`.
@@ -438,9 +488,14 @@ impl Inner {
             }
             if !renewals.is_empty() {
                 self.renew(renewals, number, &mut buffers);
-                if self.state.lock().len == 0 {
-                    // Nothing to renew any more: no buffer kept for it.
+                let mut st = self.state.lock();
+                if st.slots.len == 0 {
+                    // Nothing to renew any more: no buffer kept for it, and
+                    // no slot. Every entry left is stale (no renewal is
+                    // under way), so none can match a slot given out anew.
                     buffers = Vec::new();
+                    st.slots = Slots::default();
+                    st.schedule.clear();
                 }
             }
         }
@@ -511,18 +566,17 @@ impl Inner {
         let State {
             schedule,
             slots,
-            free,
-            len,
             base,
             ..
         } = &mut *st;
         while let Some(first) = schedule.first_entry() {
             let t = *first.key();
+            // The first entry that is still its slot's gives the slack.
             let slack = first
                 .get()
-                .first()
-                .and_then(|&(slot, _)| slots.get(slot as usize))
-                .map_or(Duration::ZERO, |s| s.interval / 10);
+                .iter()
+                .find_map(|&e| slots.current(e).map(|s| s.interval / 10))
+                .unwrap_or(Duration::ZERO);
             if due_at(*base, t) > now + slack {
                 break;
             }
@@ -532,6 +586,7 @@ impl Inner {
                 touch(
                     block.iter().filter_map(|&(slot, n)| {
                         slots
+                            .all
                             .get(slot as usize)
                             .filter(|s| s.number == n)
                             .and_then(|s| s.hold.as_ref())
@@ -539,7 +594,7 @@ impl Inner {
                     false,
                 );
                 for &(slot, n) in block {
-                    let Some(s) = slots.get_mut(slot as usize).filter(|s| s.number == n) else {
+                    let Some(s) = slots.current((slot, n)) else {
                         // Let go or given new terms since it was scheduled.
                         continue;
                     };
@@ -585,12 +640,8 @@ impl Inner {
                             token,
                             capped,
                         }),
-                        None => {
-                            // Not watched any more (the hold says so now).
-                            s.number = s.number.wrapping_add(1);
-                            free.push(slot);
-                            *len -= 1;
-                        }
+                        // Not watched any more (the hold says so now).
+                        None => slots.let_go(slot),
                     }
                 }
             }
@@ -809,14 +860,12 @@ impl Inner {
         // Renewals taken out of `renewals` so far.
         let mut placed = 0usize;
         while renewals.len() > 0 {
-            if placed % 1024 == 1023 {
+            if placed > 0 {
                 MutexGuard::bump(&mut st);
             }
             let State {
                 schedule,
                 slots,
-                free,
-                len,
                 base,
                 ..
             } = &mut *st;
@@ -824,7 +873,15 @@ impl Inner {
             for (r, outcome) in renewals.by_ref().take(1024).zip(outcomes.by_ref()) {
                 placed += 1;
                 let renewed = matches!(outcome, Some(Outcome::Renewed));
-                let at = if renewed {
+                let at = if renewed && r.token.epoch.is_none() {
+                    // Taken while a lease-setting request was under way: it
+                    // raises no bound, so the next renewal comes soon (once
+                    // the request is settled, it raises the bound). One
+                    // that such a request overlapped during the round trip
+                    // is not known here without reading its hold: the
+                    // request's own outcome sets the bound then.
+                    Some(retry(&r))
+                } else if renewed {
                     match r.interval {
                         // An entry due at its cap (no interval) stays due then.
                         Duration::ZERO => Some(r.hold.cap.unwrap_or(sent + RETRY_DELAY)),
@@ -873,41 +930,34 @@ impl Inner {
                         None | Some(Outcome::Renewed) => Some(retry(&r)),
                     }
                 };
-                let Some(slot) = slots.get_mut(r.slot as usize) else {
-                    continue;
-                };
-                if slot.number != r.number {
-                    // Let go during the round trip (free now), or given new
-                    // terms (and an entry of its own).
-                    if slot.orphan {
-                        slot.orphan = false;
-                        free.push(r.slot);
-                        gone.push(r.hold);
-                    } else {
-                        slot.hold = Some(r.hold);
+                // Let go during the round trip, or given new terms (and an
+                // entry of its own): nothing to schedule.
+                let hold = match slots.take_back((r.slot, r.number), r.hold) {
+                    Ok(let_go) => {
+                        gone.extend(let_go);
+                        continue;
                     }
-                    continue;
-                }
+                    Err(hold) => hold,
+                };
                 // A hold released without being let go (found at its next
                 // turn if it renewed) is not scheduled again after a failure.
                 let next = match at {
-                    Some(at) if r.has_cap && (renewed || r.hold.is_watched()) => {
-                        Some(next_turn(&r.hold, at, r.interval))
+                    Some(at) if r.has_cap && (renewed || hold.is_watched()) => {
+                        Some(next_turn(&hold, at, r.interval))
                     }
-                    Some(at) if renewed || r.hold.is_watched() => Some((at, r.interval)),
+                    Some(at) if renewed || hold.is_watched() => Some((at, r.interval)),
                     _ => None,
                 };
                 let Some((at, interval)) = next else {
                     // Lost, or not watched any more: its slot is let go.
-                    r.hold.set_watch_slot(None, &self.progress);
-                    slot.number = slot.number.wrapping_add(1);
-                    free.push(r.slot);
-                    *len -= 1;
-                    gone.push(r.hold);
+                    hold.set_watch_slot(None, &self.progress);
+                    slots.let_go(r.slot);
+                    gone.push(hold);
                     continue;
                 };
+                let slot = &mut slots.all[r.slot as usize];
                 slot.interval = interval;
-                slot.hold = Some(r.hold);
+                slot.hold = Some(hold);
                 let t = match tick {
                     Some((a, t)) if a == at => t,
                     _ => {
@@ -952,35 +1002,26 @@ impl Inner {
     /// lease, which no renewal took past the cap, runs out) and reported
     /// lost. Their renewals were taken without a bound to raise.
     fn stop_capped(&self, capped: Vec<Renewal>) {
-        let mut gone = Vec::new();
+        let mut lost = Vec::with_capacity(capped.len());
         {
             let mut st = self.state.lock();
-            for r in &capped {
-                let State {
-                    slots, free, len, ..
-                } = &mut *st;
-                let Some(slot) = slots.get_mut(r.slot as usize) else {
-                    continue;
-                };
-                if slot.number != r.number {
-                    if slot.orphan {
-                        slot.orphan = false;
-                        free.push(r.slot);
-                    } else {
-                        slot.hold = Some(Arc::clone(&r.hold));
+            for r in capped {
+                let hold = Arc::clone(&r.hold);
+                match st.slots.take_back((r.slot, r.number), r.hold) {
+                    // Let go meanwhile, or given new terms (its new entry
+                    // finds it lost).
+                    Ok(_) => {}
+                    Err(hold) => {
+                        hold.set_watch_slot(None, &self.progress);
+                        st.slots.let_go(r.slot);
                     }
-                    continue;
                 }
-                r.hold.set_watch_slot(None, &self.progress);
-                slot.number = slot.number.wrapping_add(1);
-                free.push(r.slot);
-                *len -= 1;
+                lost.push(hold);
             }
-            gone.extend(capped);
         }
-        for r in gone {
+        for hold in lost {
             self.lose(
-                &r.hold,
+                &hold,
                 "it was held for its max_hold, so the watchdog renewed it no more",
             );
         }
