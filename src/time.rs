@@ -81,6 +81,36 @@ pub(crate) fn deadline(sent: Instant, lease_ms: u64) -> Instant {
         .unwrap_or_else(|| far_future(sent))
 }
 
+/// The instant every [`bound_us`] counts from: an hour before its first use,
+/// so that the instants it is given (a request's send time plus its lease)
+/// fall after it.
+fn bound_base() -> Instant {
+    static BASE: LazyLock<Instant> = LazyLock::new(|| {
+        let now = Instant::now();
+        now.checked_sub(Duration::from_secs(3600)).unwrap_or(now)
+    });
+    *BASE
+}
+
+/// `at` as whole microseconds since a fixed instant, rounded down: a lease
+/// bound that errs early (by less than a microsecond), takes 8 bytes, and
+/// is compared and raised without `Instant`'s arithmetic. An instant
+/// before the fixed one (which has long passed) counts as it; far in the
+/// future it saturates.
+pub(crate) fn bound_us(at: Instant) -> u64 {
+    let d = at.saturating_duration_since(bound_base());
+    d.as_secs()
+        .saturating_mul(1_000_000)
+        .saturating_add(u64::from(d.subsec_micros()))
+}
+
+/// The instant of a [`bound_us`].
+pub(crate) fn bound_instant(us: u64) -> Instant {
+    let base = bound_base();
+    base.checked_add(Duration::from_micros(us))
+        .unwrap_or_else(|| far_future(base))
+}
+
 /// An instant about a century after `now` (or `now` itself if even that
 /// cannot be represented): "never", for a deadline that must be an
 /// `Instant`.

@@ -5,12 +5,12 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use parking_lot::Mutex;
 
 use crate::scripts::{Kind, LockRef};
-use crate::time::{deadline, duration_ms};
+use crate::time::{bound_instant, bound_us, deadline, duration_ms};
 
 /// What this process knows of a hold's lease on Redis.
 ///
@@ -40,12 +40,15 @@ use crate::time::{deadline, duration_ms};
 /// whose batch is done extended the lease, and it is folded into the bound
 /// when the bound is next read. A lease-setting request that begins or
 /// ends before the batch is done drops the pending renewal: as before, a
-/// renewal that such a request overlapped does not raise the bound.
+/// renewal that such a request overlapped does not raise the bound. Bounds
+/// are kept as whole microseconds ([`bound_us`], rounded down so that they
+/// err early): 8 bytes each, and folding one in is a comparison.
 struct LeaseState {
-    /// The lease is known to hold until then (and past it by the pending
-    /// renewal's gain once its batch is done). While a renewal is pending
-    /// it changes only when that renewal is folded in or dropped first.
-    valid_until: Instant,
+    /// The lease is known to hold until then, as a [`bound_us`] (and until
+    /// `pending_until` once the pending renewal's batch is done).
+    valid_until: u64,
+    /// What the pending renewal extends the lease to, as a [`bound_us`].
+    pending_until: u64,
     /// Bumped when a lease-setting request begins or is confirmed.
     epoch: u64,
     /// The generation Redis holds for this hold, as far as known (see
@@ -64,10 +67,6 @@ struct LeaseState {
     gen_lease: u32,
     /// The batch of the pending renewal (0: none).
     pending_batch: u32,
-    /// How far past `valid_until` the pending renewal extends the lease,
-    /// in whole ms (rounded down: the bound errs early), which keeps this
-    /// state in one cache line where an `Instant` would not.
-    pending_ms: u32,
     /// The hold's slot in the watchdog's schedule, plus one (0: not
     /// scheduled); read and written with the watchdog's lock held as well.
     slot: u32,
@@ -95,10 +94,7 @@ impl LeaseState {
             return;
         }
         if self.pending_done() {
-            let gain = Duration::from_millis(u64::from(self.pending_ms));
-            if let Some(until) = self.valid_until.checked_add(gain) {
-                self.valid_until = until;
-            }
+            self.valid_until = self.valid_until.max(self.pending_until);
             self.pending_batch = 0;
         } else if !keep {
             self.pending_batch = 0;
@@ -248,13 +244,13 @@ impl Hold {
             watch_lease_ms: AtomicU64::new(0),
             explicit_lease_ms: AtomicU64::new(0),
             lease: Mutex::new(LeaseState {
-                valid_until: deadline(sent, lease_ms),
+                valid_until: bound_us(deadline(sent, lease_ms)),
+                pending_until: 0,
                 epoch: 0,
                 busy: 0,
                 gen,
                 gen_lease: lease_code(lease_ms),
                 pending_batch: 0,
-                pending_ms: 0,
                 progress: None,
                 slot: 0,
             }),
@@ -404,7 +400,7 @@ impl Hold {
         st.settle_renewal(false);
         st.epoch += 1;
         st.busy += 1;
-        st.valid_until = st.valid_until.min(deadline(sent, lease_ms));
+        st.valid_until = st.valid_until.min(bound_us(deadline(sent, lease_ms)));
         st.epoch
     }
 
@@ -417,7 +413,7 @@ impl Hold {
         st.settle_renewal(false);
         st.epoch += 1;
         st.busy = st.busy.saturating_sub(1);
-        st.valid_until = deadline(sent, lease_ms);
+        st.valid_until = bound_us(deadline(sent, lease_ms));
         st.set_gen(Some(gen), Some(lease_ms));
     }
 
@@ -442,7 +438,7 @@ impl Hold {
         if st.epoch == epoch {
             st.settle_renewal(false);
             st.epoch += 1;
-            st.valid_until = deadline(sent, lease_ms);
+            st.valid_until = bound_us(deadline(sent, lease_ms));
             st.set_gen(Some(gen), Some(lease_ms));
         }
     }
@@ -470,7 +466,8 @@ impl Hold {
     }
 
     /// Takes the hold for a renewal with `lease_ms` in batch `batch` (sent
-    /// or not: `send`), whose success would extend the lease to `until`:
+    /// or not: `send`), whose success would extend the lease to `until` (a
+    /// [`bound_us`]):
     /// the renewal's token, and whether the key may carry a longer lease
     /// than the renewal sets (a request or an earlier renewal of the
     /// generation set a longer one, or what it set is not known: then Redis
@@ -483,7 +480,7 @@ impl Hold {
         &self,
         lease_ms: u64,
         batch: u32,
-        until: Instant,
+        until: u64,
         send: bool,
     ) -> Option<(RenewToken, bool)> {
         let mut st = self.lease.lock();
@@ -503,15 +500,9 @@ impl Hold {
             if st.gen_lease != 0 && code > st.gen_lease {
                 st.gen_lease = lease_code(lease_ms);
             }
-            let gain = until.saturating_duration_since(st.valid_until);
-            if send && token.epoch.is_some() && !gain.is_zero() {
+            if send && token.epoch.is_some() && until > st.valid_until {
                 st.pending_batch = batch;
-                // Whole ms, without `as_millis`' 128-bit division.
-                let ms = gain
-                    .as_secs()
-                    .saturating_mul(1000)
-                    .saturating_add(u64::from(gain.subsec_millis()));
-                st.pending_ms = u32::try_from(ms).unwrap_or(u32::MAX);
+                st.pending_until = until;
             }
             Some((token, keep_longer))
         } else {
@@ -547,7 +538,7 @@ impl Hold {
     pub(crate) fn valid_until(&self) -> Instant {
         let mut st = self.lease.lock();
         st.settle_renewal(true);
-        st.valid_until
+        bound_instant(st.valid_until)
     }
 
     /// Tells `listener` (while it lives) when the hold is reported lost.
@@ -683,6 +674,7 @@ mod tests {
 
     use super::{owner_key, slot_key, Hold};
     use crate::scripts::{Kind, LockRef};
+    use crate::time::bound_us;
 
     #[test]
     fn a_hold_gives_back_each_of_its_texts() {
@@ -720,7 +712,7 @@ mod tests {
     /// Takes `hold` for a renewal with `lease_ms`: whether Redis must keep
     /// a longer lease than the renewal's (`GT`).
     fn keeps_longer(hold: &Hold, lease_ms: u64) -> bool {
-        hold.take_due(lease_ms, 1, Instant::now(), true)
+        hold.take_due(lease_ms, 1, bound_us(Instant::now()), true)
             .expect("due")
             .1
     }
@@ -749,10 +741,10 @@ mod tests {
         hold.settled(hold.epoch(), now, 3_000, 4);
         assert!(!keeps_longer(&hold, 3_000));
         // A generation adopted from Redis (an undo's): its lease is not known.
-        let (token, _) = hold.take_due(3_000, 1, now, true).expect("due");
+        let (token, _) = hold.take_due(3_000, 1, bound_us(now), true).expect("due");
         assert!(hold.adopt(token, Some(9)));
         assert!(keeps_longer(&hold, 3_000));
-        let (token, _) = hold.take_due(3_000, 1, now, true).expect("due");
+        let (token, _) = hold.take_due(3_000, 1, bound_us(now), true).expect("due");
         assert!(hold.adopt(token, None));
         assert!(keeps_longer(&hold, 3_000));
         // Leases of 49 days and more are not told apart: kept.
@@ -788,18 +780,18 @@ mod tests {
         let first = hold.valid_until();
         let later = first + Duration::from_secs(2);
         // Taken in batch 1: pending until the batch is done.
-        hold.take_due(3_000, 1, later, true).expect("due");
+        hold.take_due(3_000, 1, bound_us(later), true).expect("due");
         assert_eq!(hold.valid_until(), first, "batch 1 under way");
         progress.finish(1);
         assert_eq!(hold.valid_until(), later, "batch 1 done");
         // Failed in batch 2: taken back before the batch is done.
         let more = later + Duration::from_secs(2);
-        hold.take_due(3_000, 2, more, true).expect("due");
+        hold.take_due(3_000, 2, bound_us(more), true).expect("due");
         hold.not_renewed();
         progress.finish(2);
         assert_eq!(hold.valid_until(), later, "a failed renewal raises nothing");
         // A request that begins while batch 3 is under way drops it.
-        hold.take_due(3_000, 3, more, true).expect("due");
+        hold.take_due(3_000, 3, bound_us(more), true).expect("due");
         hold.begin(t0, 60_000);
         progress.finish(3);
         assert_eq!(
@@ -811,13 +803,13 @@ mod tests {
         let confirmed = hold.valid_until();
         // Done before the next request begins: the request keeps its gain.
         let most = confirmed + Duration::from_secs(5);
-        hold.take_due(3_000, 4, most, true).expect("due");
+        hold.take_due(3_000, 4, bound_us(most), true).expect("due");
         progress.finish(4);
         hold.begin(most + Duration::from_secs(60), 60_000);
         assert_eq!(hold.valid_until(), most, "folded before the request began");
         // Not sent (its hold was capped): nothing pending.
         hold.confirmed(t0, 3_000, 3);
-        hold.take_due(3_000, 5, most, false).expect("due");
+        hold.take_due(3_000, 5, bound_us(most), false).expect("due");
         progress.finish(5);
         assert_eq!(hold.valid_until(), confirmed);
     }
@@ -846,8 +838,8 @@ mod size {
     #[test]
     fn a_hold_stays_small() {
         let sizes = [
-            ("Hold", std::mem::size_of::<super::Hold>(), 200),
-            ("LeaseState", std::mem::size_of::<super::LeaseState>(), 64),
+            ("Hold", std::mem::size_of::<super::Hold>(), 192),
+            ("LeaseState", std::mem::size_of::<super::LeaseState>(), 56),
         ];
         for (what, size, limit) in sizes {
             assert!(

@@ -57,7 +57,7 @@ use crate::engine::unsettled::Unsettled;
 use crate::net::pool::{fan_out, Job, Synced};
 use crate::net::router::{Group, Router};
 use crate::scripts::{self, Kind};
-use crate::time::{deadline, far_future, jitter, warn_limited};
+use crate::time::{bound_us, deadline, far_future, jitter, warn_limited};
 
 /// The shortest renewal interval the watchdog accepts. Renewing thousands of
 /// locks more often than this would turn the watchdog into a load on Redis.
@@ -556,7 +556,7 @@ impl Inner {
         let mut batch = Vec::new();
         // What a renewal sent now extends a lease to, per lease (most share
         // one).
-        let mut bound: Option<(u64, Instant)> = None;
+        let mut bound: Option<(u64, u64)> = None;
         // This batch's number (see `Progress`): never 0, which a hold
         // reads as none.
         let number = match st.batch.wrapping_add(1) {
@@ -617,7 +617,7 @@ impl Inner {
                     let until = match bound {
                         Some((ms, until)) if ms == lease_ms => until,
                         _ => {
-                            let until = deadline(now, lease_ms);
+                            let until = bound_us(deadline(now, lease_ms));
                             bound = Some((lease_ms, until));
                             until
                         }
