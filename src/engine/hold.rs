@@ -1,7 +1,7 @@
 //! What one owner (a thread of a client) holds of one lock: the hold count,
-//! what is known of its lease on Redis, the watchdog's mark, and who is told
-//! when it is lost. Re-entries share one [`Hold`]; the watchdog's entry for
-//! it holds it too, until the hold is no longer watched.
+//! what is known of its lease on Redis, its slot in the watchdog's schedule,
+//! and who is told when it is lost. Re-entries share one [`Hold`]; the
+//! watchdog's slot for it holds it too, until the hold is no longer watched.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
