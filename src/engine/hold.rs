@@ -164,7 +164,7 @@ pub(crate) struct RenewToken {
 }
 
 /// What one owner (this thread of this client) holds of one lock: the
-/// re-entries share it, and so does the watchdog's entry for it.
+/// re-entries share it, and so does the watchdog's slot for it.
 ///
 /// `repr(C)`, with what the watchdog reads on every renewal first: those
 /// fields share the cache lines of the `Arc`'s counts, so renewing many
@@ -454,22 +454,27 @@ impl Hold {
         self.lease.lock().slot.checked_sub(1)
     }
 
-    /// Records the hold's slot in the watchdog's schedule (`None`: not
-    /// scheduled any more) and the watchdog's progress; only with the
-    /// watchdog's own lock held.
-    pub(crate) fn set_watch_slot(&self, slot: Option<u32>, progress: &Arc<Progress>) {
+    /// Records the hold's slot in the watchdog's schedule, and the
+    /// watchdog's progress; only with the watchdog's own lock held.
+    pub(crate) fn set_watch_slot(&self, slot: u32, progress: &Arc<Progress>) {
         let mut st = self.lease.lock();
-        st.slot = slot.map_or(0, |s| s.saturating_add(1));
+        st.slot = slot.saturating_add(1);
         if st.progress.is_none() {
             st.progress = Some(Arc::clone(progress));
         }
     }
 
+    /// The hold's slot in the watchdog's schedule, which it no longer has
+    /// from now on (`None`: it had none); only with the watchdog's own lock
+    /// held.
+    pub(crate) fn take_watch_slot(&self) -> Option<u32> {
+        std::mem::take(&mut self.lease.lock().slot).checked_sub(1)
+    }
+
     /// Takes the hold for a renewal with `lease_ms` in batch `batch` (sent
     /// or not: `send`), whose success would extend the lease to `until` (a
-    /// [`bound_us`]):
-    /// the renewal's token, and whether the key may carry a longer lease
-    /// than the renewal sets (a request or an earlier renewal of the
+    /// [`bound_us`]): the renewal's token, and whether the key may carry a
+    /// longer lease than the renewal sets (a request or an earlier renewal of the
     /// generation set a longer one, or what it set is not known: then Redis
     /// must keep the longer one, with `GT`). A renewal sent while no
     /// lease-setting request is under way is pending (see [`LeaseState`]).
@@ -776,7 +781,7 @@ mod tests {
         let hold = Hold::new(1, lock, t0, 3_000, 1, None, false);
         hold.acquired(3_000, true);
         let progress = Arc::new(Progress::default());
-        hold.set_watch_slot(Some(0), &progress);
+        hold.set_watch_slot(0, &progress);
         let first = hold.valid_until();
         let later = first + Duration::from_secs(2);
         // Taken in batch 1: pending until the batch is done.

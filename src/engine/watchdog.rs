@@ -254,7 +254,7 @@ impl Watchdog {
                 }
                 None => {
                     let entry = st.slots.occupy(Arc::clone(hold), every, lease_ms);
-                    hold.set_watch_slot(Some(entry.0), progress);
+                    hold.set_watch_slot(entry.0, progress);
                     entry
                 }
             };
@@ -268,8 +268,7 @@ impl Watchdog {
     /// again (see `Hold::is_watched`).
     pub(crate) fn unwatch(&self, hold: &Hold) {
         let mut st = self.inner.state.lock();
-        if let Some(slot) = hold.watch_slot() {
-            hold.set_watch_slot(None, &self.inner.progress);
+        if let Some(slot) = hold.take_watch_slot() {
             let released = st.slots.release(slot);
             drop(st);
             drop(released);
@@ -951,7 +950,7 @@ impl Inner {
                 };
                 let Some((at, interval)) = next else {
                     // Lost, or not watched any more: its slot is let go.
-                    hold.set_watch_slot(None, &self.progress);
+                    hold.take_watch_slot();
                     slots.let_go(r.slot);
                     gone.push(hold);
                     continue;
@@ -1013,7 +1012,7 @@ impl Inner {
                     // finds it lost).
                     Ok(_) => {}
                     Err(hold) => {
-                        hold.set_watch_slot(None, &self.progress);
+                        hold.take_watch_slot();
                         st.slots.let_go(r.slot);
                     }
                 }
