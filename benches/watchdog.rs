@@ -550,8 +550,10 @@ fn instructions_run() {
 /// Locks held in `--redis-instructions` mode (Redis under callgrind runs
 /// some 50 times slower: few enough to renew every second).
 const REDIS_INSTRUCTIONS_N: usize = 2_000;
-/// Renewal rounds counted in `--redis-instructions` mode.
-const REDIS_INSTRUCTIONS_ROUNDS: u32 = 3;
+/// Renewal rounds counted in `--redis-instructions` mode: enough that a
+/// batch more or less at the window's edges (the watchdog renews on its own
+/// schedule) moves the count by about 1 %.
+const REDIS_INSTRUCTIONS_ROUNDS: u32 = 10;
 
 /// `--redis-instructions`: with Redis under callgrind (see
 /// `support::callgrind_out`), the instructions Redis runs per renewal for
@@ -563,10 +565,14 @@ fn redis_instructions_run() {
     let n = REDIS_INSTRUCTIONS_N;
     let window = RENEW_EVERY * REDIS_INSTRUCTIONS_ROUNDS;
     let (server, client, guards) = watched_locks("bench:wd-ri:", n);
-    let s0 = client.stats();
-    let counted = support::redis_instructions(&server, || std::thread::sleep(window));
-    let s1 = client.stats();
-    let renewals = s1.renewals - s0.renewals;
+    // The renewals counted inside the window Redis counts in (from just
+    // after its counts were zeroed), so that none before it is counted.
+    let mut renewals = 0;
+    let counted = support::redis_instructions(&server, || {
+        let s0 = client.stats();
+        std::thread::sleep(window);
+        renewals = client.stats().renewals - s0.renewals;
+    });
     let lost = guards.iter().filter(|g| g.is_lost()).count();
     drop(guards);
     let mut conn = server.conn();
