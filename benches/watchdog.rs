@@ -548,8 +548,16 @@ fn instructions_run() {
 }
 
 /// Locks held in `--redis-instructions` mode (Redis under callgrind runs
-/// some 50 times slower: few enough to renew every second).
-const REDIS_INSTRUCTIONS_N: usize = 2_000;
+/// some 30 times slower: few enough to renew every second). Not fewer: Lua
+/// keeps a script's argument strings until a garbage collection sweeps
+/// them, and a call that passes the same string finds it instead of
+/// allocating it again. With 2,000 locks the bare loop made too little
+/// garbage for a collection to sweep its keys between rounds (44
+/// instructions per lock in Lua's allocator, 408 with 10,000 locks; the
+/// watchdog's batches 916 and 852), and the work Redis does whatever the
+/// load (its timers) weighed on five times fewer renewals: figures for a
+/// few locks, not for the many the goal is about.
+const REDIS_INSTRUCTIONS_N: usize = 10_000;
 /// Renewal rounds counted in `--redis-instructions` mode: enough that a
 /// batch more or less at the window's edges (the watchdog renews on its own
 /// schedule) moves the count by about 1 %.
