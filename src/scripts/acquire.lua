@@ -93,9 +93,9 @@ if mine then
     if ARGV[7] == 'q' then
         -- Other waiters of this process still wait: it stays queued, and
         -- the hash says so.
-        redis.call('hset', KEYS[1], ARGV[2], ARGV[3], ARGV[2] .. ':gen', ARGV[4], QUEUED, '1')
+        redis.call('hset', KEYS[1], ARGV[2] .. ':gen', ARGV[4], ARGV[2], ARGV[3], QUEUED, '1')
     else
-        redis.call('hset', KEYS[1], ARGV[2], ARGV[3], ARGV[2] .. ':gen', ARGV[4])
+        redis.call('hset', KEYS[1], ARGV[2] .. ':gen', ARGV[4], ARGV[2], ARGV[3])
     end
     redis.call('pexpire', KEYS[1], ARGV[1])
     if queue then

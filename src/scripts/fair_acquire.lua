@@ -30,7 +30,7 @@ end
 local first = first_in_line(KEYS[3], KEYS[4], KEYS[5], now)
 local count = tonumber(ARGV[3])
 if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
-    redis.call('hset', KEYS[1], ARGV[2], count, ARGV[2] .. ':gen', ARGV[4])
+    redis.call('hset', KEYS[1], ARGV[2] .. ':gen', ARGV[4], ARGV[2], count)
     redis.call('pexpire', KEYS[1], ARGV[1])
     return nil
 end
@@ -39,7 +39,7 @@ if count > 1 then
 end
 if redis.call('exists', KEYS[1]) == 0 and (not first or first == ARGV[2]) then
     leave_line(KEYS[3], KEYS[4], KEYS[5], ARGV[2])
-    redis.call('hset', KEYS[1], ARGV[2], count, ARGV[2] .. ':gen', ARGV[4])
+    redis.call('hset', KEYS[1], ARGV[2] .. ':gen', ARGV[4], ARGV[2], count)
     redis.call('pexpire', KEYS[1], ARGV[1])
     return nil
 end

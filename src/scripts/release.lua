@@ -66,7 +66,7 @@ if grant then
     -- The releasing owner's fields go; the waiter's come, with its lease
     -- (the queue's mark stays: queued processes still wait).
     redis.call('hdel', KEYS[1], ARGV[1], ARGV[1] .. ':gen')
-    redis.call('hset', KEYS[1], ARGV[8], '1', ARGV[8] .. ':gen', ARGV[9])
+    redis.call('hset', KEYS[1], ARGV[8] .. ':gen', ARGV[9], ARGV[8], '1')
     redis.call('pexpire', KEYS[1], ARGV[10])
     if ARGV[11] ~= '' then
         redis.pcall('zrem', KEYS[4], ARGV[11])

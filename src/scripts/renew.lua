@@ -136,7 +136,11 @@ while a <= #ARGV do
         -- 'e', 'E': each lock's own field, its rest before its generation.
         local each = mode == 'e' or mode == 'E'
         local field = owner .. ':gen'
-        for _ = 1, n do
+        local last = i + n
+        -- One lock at a time while the command to extend with is not known
+        -- to work here (the first lock extended finds out), or GT is known
+        -- not to.
+        while i < last and not (plain and cmd == allowed or not plain and gt) do
             i = i + 1
             local key = KEYS[i]
             if each then
@@ -146,13 +150,7 @@ while a <= #ARGV do
             local gen = read('hget', key, field)
             if gen == ARGV[a] then
                 if plain then
-                    if cmd == allowed then
-                        call(cmd, key, when)
-                    else
-                        cmd, when = extend_plain(key, lease, cmd, when)
-                    end
-                elseif gt then
-                    call(cmd, key, when, 'gt')
+                    cmd, when = extend_plain(key, lease, cmd, when)
                 else
                     cmd, when = extend_slow(key, lease, cmd, when)
                 end
@@ -161,6 +159,66 @@ while a <= #ARGV do
                 out[#out + 1] = type(gen) == 'string' and gen or 0
             end
             a = a + 1
+        end
+        -- The rest with as little Lua per lock as can be: the loops below
+        -- are where Redis spends a renewal's script time beside its two
+        -- calls (one loop per mode, no test of the mode inside).
+        if i < last then
+            if each then
+                if plain then
+                    for k = i + 1, last do
+                        local key = KEYS[k]
+                        local gen = read('hget', key, owner .. ARGV[a] .. ':gen')
+                        if gen == ARGV[a + 1] then
+                            call(cmd, key, when)
+                        else
+                            out[#out + 1] = k
+                            out[#out + 1] = type(gen) == 'string' and gen or 0
+                        end
+                        a = a + 2
+                    end
+                else
+                    for k = i + 1, last do
+                        local key = KEYS[k]
+                        local gen = read('hget', key, owner .. ARGV[a] .. ':gen')
+                        if gen == ARGV[a + 1] then
+                            call(cmd, key, when, 'gt')
+                        else
+                            out[#out + 1] = k
+                            out[#out + 1] = type(gen) == 'string' and gen or 0
+                        end
+                        a = a + 2
+                    end
+                end
+            else
+                -- Lock k's generation is ARGV[k + d].
+                local d = a - i - 1
+                if plain then
+                    for k = i + 1, last do
+                        local key = KEYS[k]
+                        local gen = read('hget', key, field)
+                        if gen == ARGV[k + d] then
+                            call(cmd, key, when)
+                        else
+                            out[#out + 1] = k
+                            out[#out + 1] = type(gen) == 'string' and gen or 0
+                        end
+                    end
+                else
+                    for k = i + 1, last do
+                        local key = KEYS[k]
+                        local gen = read('hget', key, field)
+                        if gen == ARGV[k + d] then
+                            call(cmd, key, when, 'gt')
+                        else
+                            out[#out + 1] = k
+                            out[#out + 1] = type(gen) == 'string' and gen or 0
+                        end
+                    end
+                end
+                a = a + last - i
+            end
+            i = last
         end
     else
         for _ = 1, n do

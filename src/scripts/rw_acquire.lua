@@ -57,7 +57,7 @@ if reader then
         redis.call('pexpire', key, math.max(ttl, lease))
     end
 end
-redis.call('hset', KEYS[1], ARGV[2], count, ARGV[2] .. ':gen', 'g' .. ARGV[4])
+redis.call('hset', KEYS[1], ARGV[2] .. ':gen', 'g' .. ARGV[4], ARGV[2], count)
 if reader then
     redis.call('set', ARGV[5] .. ':' .. count, '1', 'px', lease)
     redis.call('pexpire', KEYS[1], math.max(redis.call('pttl', KEYS[1]), lease))
