@@ -8,7 +8,9 @@
 --           settled yet: set here, so a copy of them still on its way can no
 --           longer apply
 -- ARGV[1] lease in ms        ARGV[2] owner field <client-uuid>:<thread-id>
--- ARGV[3] hold count after this acquisition (the caller's local count + 1)
+-- ARGV[3] hold count after this acquisition (the caller's local count + 1),
+--         in decimal with no leading zero: compared as text (a number
+--         read from text costs Redis a strtod on every call)
 -- ARGV[4] generation: this request's id, written to the field <owner>:gen so
 --         that a renewal taken for an earlier state of the hold cannot apply
 -- ARGV[5] '1' when fenced, else '0'
@@ -47,28 +49,33 @@ end
 -- holder's lease or the caller's wait, whichever ends first) and marks the
 -- hash, so that a release wakes a queued process rather than all waiters.
 -- Left out where the ACL forbids it: the release then wakes everyone.
-local function join(wait, mark)
-    local now = now_ms()
-    if not now then
-        return
-    end
-    local until_ms = now + wait + 2000
-    local added = redis.pcall('zadd', queue, until_ms, ARGV[8])
-    if type(added) == 'table' and added.err then
-        return
-    end
-    if redis.call('pttl', queue) < wait + 2000 then
-        redis.call('pexpire', queue, wait + 2000)
-    end
-    if mark then
-        redis.call('hset', KEYS[1], QUEUED, '1')
+-- Made only for a waiter's request: a function made on every call is
+-- allocated and collected by Redis on every call.
+local join
+if queue then
+    join = function(wait, mark)
+        local now = now_ms()
+        if not now then
+            return
+        end
+        local until_ms = now + wait + 2000
+        local added = redis.pcall('zadd', queue, until_ms, ARGV[8])
+        if type(added) == 'table' and added.err then
+            return
+        end
+        if redis.call('pttl', queue) < wait + 2000 then
+            redis.call('pexpire', queue, wait + 2000)
+        end
+        if mark then
+            redis.call('hset', KEYS[1], QUEUED, '1')
+        end
     end
 end
 -- One call tells the usual case: the lock is free and this request was not
 -- cancelled.
 local mine = redis.call('exists', KEYS[1], KEYS[2]) == 0
 if mine then
-    if tonumber(ARGV[3]) > 1 then
+    if ARGV[3] ~= '1' then
         return -4
     end
 else
@@ -115,7 +122,7 @@ if mine then
     end
     return nil
 end
-if tonumber(ARGV[3]) > 1 then
+if ARGV[3] ~= '1' then
     return -4
 end
 local ttl = redis.call('pttl', KEYS[1])

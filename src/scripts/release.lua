@@ -6,7 +6,8 @@
 -- KEYS[1] lock hash   KEYS[2] release channel   KEYS[3] unlock latch of this request
 -- KEYS[FIRST_UNSETTLED..] keys of this owner's unsettled requests (see
 --           acquire.lua), set here so they can no longer apply
--- ARGV[1] owner field ARGV[2] holds left after this release (0 = full release)
+-- ARGV[1] owner field ARGV[2] holds left after this release (0 = full release;
+--         decimal with no leading zero, compared as text)
 -- ARGV[3] lease in ms (re-applied while holds remain)   ARGV[4] latch TTL in ms
 -- ARGV[5] generation (this request's id, see acquire.lua)
 -- ARGV[6] the publish command: 'publish', or 'spublish' (sharded pub/sub on
@@ -35,7 +36,7 @@ if done then
     end
     return tonumber(done)
 end
-if tonumber(ARGV[2]) > 0 then
+if ARGV[2] ~= '0' then
     if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
         redis.call('set', KEYS[3], 'n', 'px', ARGV[4])
         return nil
