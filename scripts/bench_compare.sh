@@ -16,7 +16,7 @@
 # itself under callgrind (needs valgrind): the instructions Redis runs per
 # acquire + release (beside the peer and Redisson's current scripts) and per
 # renewal (beside the bare PEXPIRE loop), within a few per cent from run
-# to run (about 15 s each per revision).
+# to run (about 15 s and 45 s per revision).
 # Each revision is built once (release, `cargo bench --no-run`) in a
 # worktree under target/bench-compare/; then ROUNDS rounds (default 2) run
 # every bench of both revisions, alternating which goes first. The output
