@@ -54,10 +54,12 @@ end
 local join
 if queue then
     join = function(wait, mark)
-        local now = now_ms()
-        if not now then
+        -- Redis's clock; none where the ACL forbids TIME: not queued.
+        local t = redis.pcall('time')
+        if type(t) ~= 'table' or t.err then
             return
         end
+        local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
         local until_ms = now + wait + 2000
         local added = redis.pcall('zadd', queue, until_ms, ARGV[8])
         if type(added) == 'table' and added.err then

@@ -6,9 +6,7 @@ local FIRST_UNSETTLED = 7
 local LAST_UNSETTLED = #KEYS
 -- A fair lock's release never hands it over (the line decides who is next).
 local GRANT_TOKEN
-local function grant_allowed()
-    return false
-end
+local grant_allowed
 local function wake_waiters()
     wake_first(KEYS[4], KEYS[5], KEYS[6], KEYS[2], ARGV[6])
 end

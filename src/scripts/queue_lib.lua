@@ -8,15 +8,6 @@
 -- process (and Redisson) listens on: one process wakes, not all of them.
 local QUEUED = 'redlease:waiting'
 
--- Redis's clock in ms, or nil where the ACL forbids TIME.
-local function now_ms()
-    local t = redis.pcall('time')
-    if type(t) ~= 'table' or t.err then
-        return nil
-    end
-    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
 -- Wakes one queued process: the first whose entry has not run out and that
 -- still listens (a process that died has no subscriber), removing every
 -- entry it passes; if none, publishes '0' on the lock's channel (every
@@ -26,8 +17,16 @@ end
 -- caller's ACL forbids (the queue, the wake-up channels: another process
 -- with another user may have queued) ends the search there, never the
 -- script.
+-- (The clock is read here, not by a function of its own: a function defined
+-- in a script is made and collected on every call of the script, and one
+-- used by another costs an upvalue too.)
 local function wake_queued(queue, channel, publish)
-    local now = now_ms()
+    -- Redis's clock in ms; none where the ACL forbids TIME.
+    local t = redis.pcall('time')
+    local now
+    if type(t) == 'table' and not t.err then
+        now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    end
     while now do
         local e = redis.pcall('zpopmin', queue)
         if type(e) ~= 'table' or e.err or #e == 0 then

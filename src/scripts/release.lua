@@ -1,8 +1,9 @@
 -- Release one hold of a reentrant lock (Redisson RLock layout), or of a
 -- fair lock: the part prepended to this one (release_plain.lua,
--- fair_release.lua) says where the unsettled keys start (FIRST_UNSETTLED)
--- and whom a full release wakes (wake_waiters, told whether the hash marks
--- queued waiters).
+-- fair_release.lua) says where the unsettled keys start (FIRST_UNSETTLED),
+-- whom a full release wakes (wake_waiters, told whether the hash marks
+-- queued waiters) and whether it may hand the lock over (grant_allowed, a
+-- function, or nil where it may not).
 -- KEYS[1] lock hash   KEYS[2] release channel   KEYS[3] unlock latch of this request
 -- KEYS[FIRST_UNSETTLED..] keys of this owner's unsettled requests (see
 --           acquire.lua), set here so they can no longer apply
@@ -53,7 +54,7 @@ if not state[1] then
     redis.call('set', KEYS[3], 'n', 'px', ARGV[4])
     return nil
 end
-local grant = grant_allowed()
+local grant = grant_allowed ~= nil and grant_allowed()
 -- A fenced lock's waiter takes the next token, before anything is handed
 -- over: where that fails (the token key is not a number) or gives no token
 -- (a negative number, which acquire.lua refuses too), the lock is released

@@ -28,24 +28,26 @@ end
 -- not given up (its cancel marker is absent), holds nothing of it, and
 -- nobody else listens for the lock's release (one subscriber: this
 -- client's): a waiter of another process, queued or not, Redisson's too,
--- is woken as always. Where the ACL forbids counting, no hand-off.
-local function grant_allowed()
-    if not ARGV[8] then
-        return false
+-- is woken as always. Where the ACL forbids counting, no hand-off. Made
+-- only when a waiter is named (a function defined in a script is made and
+-- collected on every call): nil, no hand-off, when none is.
+local grant_allowed
+if ARGV[8] then
+    grant_allowed = function()
+        if redis.call('exists', KEYS[#KEYS]) == 1 or redis.call('hexists', KEYS[1], ARGV[8]) == 1 then
+            return false
+        end
+        local counted
+        if ARGV[6] == 'publish' then
+            counted = redis.pcall('pubsub', 'numsub', KEYS[2])
+        else
+            counted = redis.pcall('pubsub', 'shardnumsub', KEYS[2])
+        end
+        if type(counted) ~= 'table' or counted.err then
+            return false
+        end
+        return tonumber(counted[2]) <= 1
     end
-    if redis.call('exists', KEYS[#KEYS]) == 1 or redis.call('hexists', KEYS[1], ARGV[8]) == 1 then
-        return false
-    end
-    local counted
-    if ARGV[6] == 'publish' then
-        counted = redis.pcall('pubsub', 'numsub', KEYS[2])
-    else
-        counted = redis.pcall('pubsub', 'shardnumsub', KEYS[2])
-    end
-    if type(counted) ~= 'table' or counted.err then
-        return false
-    end
-    return tonumber(counted[2]) <= 1
 end
 local function wake_waiters(queued)
     if queued then
