@@ -385,17 +385,29 @@ pub(crate) struct Replies {
     buf: Vec<u8>,
     start: usize,
     end: usize,
+    /// How far the reply at `start` is known to be whole: read that far
+    /// (relative to `start`), with `open[i]` elements still to come in the
+    /// i-th array it is inside. Kept across reads, so that a long reply
+    /// arriving in many reads is walked once, not once per read.
+    scanned: usize,
+    open: Vec<usize>,
 }
 
-/// How deep arrays may nest (as `redis::Parser`).
+/// How deep arrays may nest (as `redis::Parser`: an element inside 100
+/// arrays is refused).
 const MAX_REPLY_DEPTH: usize = 100;
+/// What a connection's buffer starts with and goes back to once a longer
+/// reply is read.
+const REPLY_BUFFER: usize = 16 * 1024;
 
 impl Replies {
     pub(crate) fn new() -> Replies {
         Replies {
-            buf: vec![0; 16 * 1024],
+            buf: vec![0; REPLY_BUFFER],
             start: 0,
             end: 0,
+            scanned: 0,
+            open: Vec::new(),
         }
     }
 
@@ -403,15 +415,7 @@ impl Replies {
     /// reading (a timeout included) is the `io::Error`'s, the end of the
     /// stream `UnexpectedEof`, as `redis::Parser` reports them.
     pub(crate) fn next(&mut self, mut stream: impl Read) -> RedisResult<Value> {
-        loop {
-            if let Some((value, used)) = parse_reply(&self.buf[self.start..self.end], 0)? {
-                self.start += used;
-                if self.start == self.end {
-                    self.start = 0;
-                    self.end = 0;
-                }
-                return Ok(value);
-            }
+        while !self.scan()? {
             if self.start > 0 {
                 self.buf.copy_within(self.start..self.end, 0);
                 self.end -= self.start;
@@ -426,7 +430,85 @@ impl Replies {
             }
             self.end += n;
         }
+        let whole = &self.buf[self.start..self.start + self.scanned];
+        let Some((value, used)) = parse_reply(whole, 0)? else {
+            return Err(parse_error("a reply scanned whole did not parse"));
+        };
+        debug_assert_eq!(used, self.scanned);
+        self.start += self.scanned;
+        self.scanned = 0;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+            if self.buf.len() > 4 * REPLY_BUFFER {
+                self.buf = vec![0; REPLY_BUFFER];
+            }
+        }
+        Ok(value)
     }
+
+    /// Walks the reply at `start` on from where the last walk stopped:
+    /// whether it is whole (then `scanned` is its length). Builds nothing.
+    fn scan(&mut self) -> RedisResult<bool> {
+        let buf = &self.buf[self.start..self.end];
+        loop {
+            let at = self.scanned;
+            let Some(&kind) = buf.get(at) else {
+                return Ok(false);
+            };
+            if !matches!(kind, b'+' | b'-' | b':' | b'$' | b'*') {
+                return Err(parse_error("a reply of a type other than RESP2's"));
+            }
+            if self.open.len() >= MAX_REPLY_DEPTH {
+                return Err(parse_error("Maximum recursion depth exceeded"));
+            }
+            let Some(eol) = find_crlf(&buf[at + 1..]) else {
+                return Ok(false);
+            };
+            let after = at + eol + 3;
+            match kind {
+                b'$' => match usize::try_from(reply_int(&buf[at + 1..at + 1 + eol])?) {
+                    Ok(len) => {
+                        let end = after.saturating_add(len);
+                        match buf.get(end..end.saturating_add(2)) {
+                            Some(b"\r\n") => self.scanned = end + 2,
+                            Some(_) => return Err(bulk_not_ended()),
+                            None if buf.get(end).is_some_and(|&b| b != b'\r') => {
+                                return Err(bulk_not_ended())
+                            }
+                            None => return Ok(false),
+                        }
+                    }
+                    Err(_) => self.scanned = after,
+                },
+                b'*' => {
+                    self.scanned = after;
+                    if let Ok(len @ 1..) = usize::try_from(reply_int(&buf[at + 1..at + 1 + eol])?) {
+                        self.open.push(len);
+                        continue;
+                    }
+                }
+                _ => self.scanned = after,
+            }
+            // An element is whole: so is every array it completes.
+            loop {
+                match self.open.last_mut() {
+                    None => return Ok(true),
+                    Some(left) if *left > 1 => {
+                        *left -= 1;
+                        break;
+                    }
+                    Some(_) => {
+                        self.open.pop();
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn bulk_not_ended() -> RedisError {
+    parse_error("a bulk string does not end with CRLF")
 }
 
 /// The reply at the start of `buf` and its length, or `None` if `buf` does
@@ -435,7 +517,7 @@ fn parse_reply(buf: &[u8], depth: usize) -> RedisResult<Option<(Value, usize)>> 
     let Some(&kind) = buf.first() else {
         return Ok(None);
     };
-    if depth > MAX_REPLY_DEPTH {
+    if depth >= MAX_REPLY_DEPTH {
         return Err(parse_error("Maximum recursion depth exceeded"));
     }
     let Some(eol) = find_crlf(&buf[1..]) else {
@@ -463,7 +545,7 @@ fn parse_reply(buf: &[u8], depth: usize) -> RedisResult<Option<(Value, usize)>> 
                 return Ok(None);
             }
             if &buf[end..end + 2] != b"\r\n" {
-                return Err(parse_error("a bulk string does not end with CRLF"));
+                return Err(bulk_not_ended());
             }
             return Ok(Some((Value::BulkString(buf[after..end].to_vec()), end + 2)));
         }
@@ -772,8 +854,10 @@ mod tests {
         bulk.extend_from_slice(&big);
         bulk.extend_from_slice(b"\r\n");
         all.push(bulk);
-        let mut array = b"*300\r\n".to_vec();
-        for i in 0..300 {
+        // Walked once however it arrives (with a byte a read, walking it
+        // again from its start on every read took seconds in debug builds).
+        let mut array = b"*3000\r\n".to_vec();
+        for i in 0..3000 {
             array.extend_from_slice(format!(":{i}\r\n").as_bytes());
         }
         all.push(array);
@@ -820,8 +904,49 @@ mod tests {
                 String::from_utf8_lossy(bad)
             );
         }
-        // Nested deeper than redis-rs allows.
-        let deep = "*1\r\n".repeat(MAX_REPLY_DEPTH + 2) + ":1\r\n";
-        assert!(Replies::new().next(deep.as_bytes()).is_err());
+        // Nested as deep as redis-rs allows, and one deeper.
+        let deep = "*1\r\n".repeat(MAX_REPLY_DEPTH - 1) + ":1\r\n";
+        assert_eq!(
+            Replies::new()
+                .next(deep.as_bytes())
+                .expect("99 arrays deep"),
+            redis::parse_redis_value(deep.as_bytes()).expect("redis reads it")
+        );
+        let deeper = "*1\r\n".repeat(MAX_REPLY_DEPTH) + ":1\r\n";
+        assert!(redis::parse_redis_value(deeper.as_bytes()).is_err());
+        assert!(Replies::new().next(deeper.as_bytes()).is_err());
+    }
+
+    /// Would block if asked for more: a parse error must come first.
+    struct Dry<'a>(&'a [u8]);
+
+    impl Read for Dry<'_> {
+        fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+            if self.0.is_empty() {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let n = out.len().min(self.0.len());
+            out[..n].copy_from_slice(&self.0[..n]);
+            self.0 = &self.0[n..];
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn a_reply_known_malformed_is_refused_without_waiting_for_more() {
+        for bad in [
+            &b"$0\r\n\n"[..],
+            b"$1\r\nab",
+            b"?",
+            b"\n$",
+            b"*2\r\n:1\r\n!",
+        ] {
+            let got = Replies::new().next(Dry(bad));
+            assert!(
+                matches!(&got, Err(e) if !e.is_io_error()),
+                "{:?}: {got:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
     }
 }
