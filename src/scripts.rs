@@ -40,17 +40,24 @@ macro_rules! lua {
     };
 }
 
-// The reentrant lock's queue of waiting processes: queue_lib.lua.
+// The reentrant lock's queue of waiting processes: queue_lib.lua, and
+// queue_wake.lua for the scripts that wake a queued process.
 lua!(ACQUIRE, "scripts/queue_lib.lua", "scripts/acquire.lua");
 // The release of the reentrant and the fair lock: one script, with the
 // part that says whom it wakes prepended.
 lua!(
     RELEASE,
     "scripts/queue_lib.lua",
+    "scripts/queue_wake.lua",
     "scripts/release_plain.lua",
     "scripts/release.lua"
 );
-lua!(LEAVE, "scripts/queue_lib.lua", "scripts/leave.lua");
+lua!(
+    LEAVE,
+    "scripts/queue_lib.lua",
+    "scripts/queue_wake.lua",
+    "scripts/leave.lua"
+);
 // The read-write lock's scripts share the functions of rw_lib.lua.
 lua!(RW_ACQUIRE, "scripts/rw_lib.lua", "scripts/rw_acquire.lua");
 lua!(RW_RELEASE, "scripts/rw_lib.lua", "scripts/rw_release.lua");

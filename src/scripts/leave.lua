@@ -1,4 +1,5 @@
--- A process's last waiter of a reentrant lock gives up (after queue_lib.lua):
+-- A process's last waiter of a reentrant lock gives up (after queue_lib.lua
+-- and queue_wake.lua):
 -- its process leaves the lock's queue (and the hash loses its mark once no
 -- process is queued). If a release had already taken its entry (the wake-up
 -- was for it, and nobody of it will use it) and the lock is free, the

@@ -1,5 +1,5 @@
 -- The reentrant lock's part of release.lua (prepended to it, after
--- queue_lib.lua): KEYS[4] is the lock's queue of waiting processes, the
+-- queue_lib.lua and queue_wake.lua): KEYS[4] is the lock's queue of waiting processes, the
 -- unsettled keys start at KEYS[5]; a full release wakes one queued process
 -- when the hash says some are queued, else it publishes '0' on the lock's
 -- channel (one waiter per process wakes).

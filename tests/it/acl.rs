@@ -372,6 +372,7 @@ fn a_refused_release_leaves_no_answer_for_its_retry() {
     let owner = "6f1c2c1e-3b1a-4a51-9a4e-1f2e3d4c5b6a:1";
     let release = redis::Script::new(concat!(
         include_str!("../../src/scripts/queue_lib.lua"),
+        include_str!("../../src/scripts/queue_wake.lua"),
         include_str!("../../src/scripts/release_plain.lua"),
         include_str!("../../src/scripts/release.lua")
     ));

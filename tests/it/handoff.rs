@@ -213,7 +213,11 @@ pub(crate) fn acquire_sha() -> Vec<u8> {
 }
 
 fn leave_sha() -> Vec<u8> {
-    sha(&[QUEUE_LIB, include_str!("../../src/scripts/leave.lua")])
+    sha(&[
+        QUEUE_LIB,
+        include_str!("../../src/scripts/queue_wake.lua"),
+        include_str!("../../src/scripts/leave.lua"),
+    ])
 }
 
 #[test]

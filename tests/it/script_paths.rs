@@ -11,6 +11,7 @@ const ACQUIRE_LUA: &str = concat!(
 );
 const RELEASE_LUA: &str = concat!(
     include_str!("../../src/scripts/queue_lib.lua"),
+    include_str!("../../src/scripts/queue_wake.lua"),
     include_str!("../../src/scripts/release_plain.lua"),
     include_str!("../../src/scripts/release.lua")
 );

@@ -29,6 +29,7 @@ fn acquire_sha() -> Vec<u8> {
 fn release_sha() -> Vec<u8> {
     sha(concat!(
         include_str!("../../../src/scripts/queue_lib.lua"),
+        include_str!("../../../src/scripts/queue_wake.lua"),
         include_str!("../../../src/scripts/release_plain.lua"),
         include_str!("../../../src/scripts/release.lua")
     ))
@@ -58,6 +59,7 @@ fn server_with(args: &[&str]) -> RedisServer {
         ),
         concat!(
             include_str!("../../../src/scripts/queue_lib.lua"),
+            include_str!("../../../src/scripts/queue_wake.lua"),
             include_str!("../../../src/scripts/release_plain.lua"),
             include_str!("../../../src/scripts/release.lua")
         ),

@@ -147,6 +147,7 @@ fn randomized_faults_never_let_two_holders_believe_at_once() {
                 )),
                 sha(concat!(
                     include_str!("../../../src/scripts/queue_lib.lua"),
+                    include_str!("../../../src/scripts/queue_wake.lua"),
                     include_str!("../../../src/scripts/release_plain.lua"),
                     include_str!("../../../src/scripts/release.lua")
                 )),
