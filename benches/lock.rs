@@ -320,7 +320,7 @@ impl RawPair {
                 .arg(0)
                 .arg(lease_ms)
                 .arg(8000)
-                .arg(self.n) // generation
+                .arg("") // generation: a full release sends none
                 .arg("publish");
         }
         let acquired: Option<i64> = acquire.query(conn).expect("raw acquire");

@@ -483,9 +483,16 @@ impl Release<'_> {
         cmd.arg(self.lock.field)
             .arg(self.left)
             .arg(self.lease_ms)
-            .arg(self.latch_ms)
-            .arg(self.gen)
-            .arg(self.publish);
+            .arg(self.latch_ms);
+        // release.lua writes the generation only while holds remain: a full
+        // release sends none (a new string costs Redis's Lua an allocation
+        // and its collection); rw_release.lua uses it either way.
+        if self.left == 0 && !self.lock.kind.is_rw() {
+            cmd.arg("");
+        } else {
+            cmd.arg(self.gen);
+        }
+        cmd.arg(self.publish);
         if self.lock.kind.is_rw() {
             cmd.arg(self.prefix).arg(rw_base(self.lock.name));
         }

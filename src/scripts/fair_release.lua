@@ -7,6 +7,9 @@ local LAST_UNSETTLED = #KEYS
 -- A fair lock's release never hands it over (the line decides who is next).
 local GRANT_TOKEN
 local grant_allowed
+-- (release.lua's other wake-ups, through the queue of waiting processes,
+-- are not the fair lock's: its line is.)
+local wake_queued
 local function wake_waiters()
     wake_first(KEYS[4], KEYS[5], KEYS[6], KEYS[2], ARGV[6])
 end

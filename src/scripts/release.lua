@@ -1,8 +1,9 @@
 -- Release one hold of a reentrant lock (Redisson RLock layout), or of a
 -- fair lock: the part prepended to this one (release_plain.lua,
 -- fair_release.lua) says where the unsettled keys start (FIRST_UNSETTLED),
--- whom a full release wakes (wake_waiters, told whether the hash marks
--- queued waiters) and whether it may hand the lock over (grant_allowed, a
+-- whom a full release wakes (wake_waiters, a function; nil: a queued
+-- process through wake_queued if the hash marks some, else every waiter
+-- on the lock's channel) and whether it may hand the lock over (grant_allowed, a
 -- function, or nil where it may not).
 -- KEYS[1] lock hash   KEYS[2] release channel   KEYS[3] unlock latch of this request
 -- KEYS[FIRST_UNSETTLED..] keys of this owner's unsettled requests (see
@@ -10,7 +11,8 @@
 -- ARGV[1] owner field ARGV[2] holds left after this release (0 = full release;
 --         decimal with no leading zero, compared as text)
 -- ARGV[3] lease in ms (re-applied while holds remain)   ARGV[4] latch TTL in ms
--- ARGV[5] generation (this request's id, see acquire.lua)
+-- ARGV[5] generation (this request's id, see acquire.lua); used only
+--         while holds remain ('' in a full release)
 -- ARGV[6] the publish command: 'publish', or 'spublish' (sharded pub/sub on
 --         a cluster, as Redisson's getPublishCommand)
 -- ARGV[7] TTL in ms of the unsettled keys (given with them, and with ARGV[8..])
@@ -82,7 +84,13 @@ end
 -- Publish before deleting: a user whose ACL lacks the channel stops the
 -- script here with nothing changed. Subscribers get the message only after
 -- the script has run, so no waiter can see the lock still held.
-wake_waiters(state[2])
+if wake_waiters then
+    wake_waiters()
+elseif state[2] then
+    wake_queued(KEYS[4], KEYS[2], ARGV[6])
+else
+    redis.call(ARGV[6], KEYS[2], '0')
+end
 -- The owner's fields (and the queue's mark) are the only ones a lock hash
 -- has (an acquisition writes only to a hash that is absent or holds the
 -- acquirer's own field): DEL, as Redisson's release, which costs Redis less

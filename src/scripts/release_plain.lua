@@ -49,11 +49,9 @@ if ARGV[8] then
         return tonumber(counted[2]) <= 1
     end
 end
-local function wake_waiters(queued)
-    if queued then
-        wake_queued(KEYS[4], KEYS[2], ARGV[6])
-    else
-        redis.call(ARGV[6], KEYS[2], '0')
-    end
-end
+-- A full release wakes one queued process when the hash says some are
+-- queued (wake_queued, queue_wake.lua), else every waiter (release.lua):
+-- no function of this part's own, since a function defined in a script is
+-- made and collected on every call.
+local wake_waiters
 
