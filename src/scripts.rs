@@ -765,21 +765,43 @@ pub(crate) fn permit_acquire(
     })
 }
 
-/// permit_lease.lua: counts expired permits back; then sets permit `id`'s
-/// lease (1, or 0 if it is not out), or returns the permits available.
+/// One lease update of a permit (permit_lease.lua).
+pub(crate) struct LeaseUpdate<'a> {
+    /// The permit's 16-byte id.
+    pub(crate) id: &'a [u8],
+    pub(crate) lease_ms: u64,
+    /// This update's key ([`permit_lease_key_name`]): a copy of it that
+    /// finds the key set does nothing.
+    pub(crate) key: &'a str,
+    /// The keys of this permit's earlier updates whose reply was lost, set
+    /// first so that copies of them still on their way can no longer apply.
+    pub(crate) lost: &'a [String],
+}
+
+/// permit_lease.lua: counts expired permits back; then sets a permit's
+/// lease (1, or 0 if it is not out or `update.key` is set), or returns the
+/// permits available.
 pub(crate) fn permit_lease(
     conn: &mut crate::net::transport::Connection,
     sem: SemaphoreRef<'_>,
-    update: Option<(&[u8], u64)>,
+    update: Option<LeaseUpdate<'_>>,
     publish: &str,
 ) -> RedisResult<i64> {
-    PERMIT_LEASE.run(conn, 3, |cmd| {
-        cmd.arg(sem.name)
-            .arg(sem.book)
-            .arg(sem.channel)
-            .arg(publish);
-        if let Some((id, lease_ms)) = update {
-            cmd.arg(id).arg(lease_ms);
+    let keys = update.as_ref().map_or(3, |u| 4 + u.lost.len());
+    PERMIT_LEASE.run(conn, keys, |cmd| {
+        cmd.arg(sem.name).arg(sem.book).arg(sem.channel);
+        if let Some(u) = &update {
+            cmd.arg(u.key);
+            for key in u.lost {
+                cmd.arg(key.as_str());
+            }
+        }
+        cmd.arg(publish);
+        if let Some(u) = &update {
+            cmd.arg(u.id).arg(u.lease_ms);
+            if !u.lost.is_empty() {
+                cmd.arg(LATE_REQUEST_WINDOW_MS);
+            }
         }
     })
 }
@@ -831,6 +853,13 @@ pub(crate) fn semaphore_latch_name(name: &str, field: &str) -> String {
 /// permit-expirable semaphore `name` (redlease's own).
 pub(crate) fn permit_latch_name(name: &str, id: &str, n: u64) -> String {
     request_key("redlease_permit_released", name, id, n)
+}
+
+/// The key of lease update request `n` of permit `id` (hex) of
+/// permit-expirable semaphore `name` (redlease's own), set only once its
+/// reply was lost.
+pub(crate) fn permit_lease_key_name(name: &str, id: &str, n: u64) -> String {
+    request_key("redlease_permit_lease", name, id, n)
 }
 
 /// The set of permits out of permit-expirable semaphore `name` (Redisson's

@@ -242,6 +242,7 @@ impl ExpirableSemaphore {
                     valid_until: deadline(sent, lease_ms),
                     in_flight: 0,
                     overlapped: false,
+                    lost: Vec::new(),
                 }),
                 done: false,
                 acquired_at: names.shared().events.start(),
@@ -303,6 +304,12 @@ struct PermitLease {
     in_flight: u32,
     /// Some of them overlapped.
     overlapped: bool,
+    /// The keys of updates whose reply was lost, and when each was sent: a
+    /// copy of one may still reach Redis (within
+    /// [`scripts::LATE_REQUEST_WINDOW_MS`]) and set a lease that a later
+    /// update's reply no longer tells. The next update sets them first,
+    /// which makes such copies do nothing.
+    lost: Vec<(String, Instant)>,
 }
 
 /// A permit of an [`ExpirableSemaphore`]: it comes back when released (by
@@ -350,22 +357,35 @@ impl Permit {
     /// out first, it was released by id, or the semaphore was deleted);
     /// [`Error::InvalidArgument`] for a lease out of range; a
     /// Redis or pool error (the lease is then known only up to the shorter
-    /// of the old and the new one).
+    /// of the old and the new one; the permit's next update makes a copy of
+    /// this one that is still on its way do nothing).
     pub fn update_lease(&self, lease: Duration) -> Result<()> {
         check_permit_lease(lease)?;
         let names = &self.sem.names;
         let lease_ms = duration_ms(lease);
         let publish = names.router().publish_command();
         let sent = Instant::now();
-        {
+        let key =
+            scripts::permit_lease_key_name(&names.name, &self.id, names.router().next_request());
+        let lost: Vec<String> = {
             // Until the reply: either lease may be the one in Redis.
             let mut st = self.lease.lock();
             st.valid_until = st.valid_until.min(deadline(sent, lease_ms));
             st.in_flight += 1;
             st.overlapped |= st.in_flight > 1;
-        }
+            let window = Duration::from_millis(scripts::LATE_REQUEST_WINDOW_MS);
+            st.lost
+                .retain(|(_, at)| sent.saturating_duration_since(*at) < window);
+            st.lost.iter().map(|(k, _)| k.clone()).collect()
+        };
         let result = names.router().run(&names.name, |conn| {
-            scripts::permit_lease(conn, names.sem(), Some((&self.raw, lease_ms)), publish)
+            let update = scripts::LeaseUpdate {
+                id: &self.raw,
+                lease_ms,
+                key: &key,
+                lost: &lost,
+            };
+            scripts::permit_lease(conn, names.sem(), Some(update), publish)
         });
         let mut st = self.lease.lock();
         st.in_flight -= 1;
@@ -374,6 +394,13 @@ impl Permit {
         let alone = !st.overlapped;
         if st.in_flight == 0 {
             st.overlapped = false;
+        }
+        match &result {
+            // Answered: the lost updates' keys are set.
+            Ok(_) => st.lost.retain(|(k, _)| !lost.contains(k)),
+            // This one may have run, or may still: its key goes with the
+            // next update.
+            Err(_) => st.lost.push((key, sent)),
         }
         let n = result?;
         if n == 1 {

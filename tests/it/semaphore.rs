@@ -486,6 +486,76 @@ fn a_lost_expirable_acquire_reply_leaves_no_permit_out() {
     assert_eq!(available(&srv, "slots"), 1, "returned once");
 }
 
+/// The calls of EVALSHA the server has run.
+fn evalsha_calls(srv: &RedisServer) -> u64 {
+    let info = srv.cmd(&["INFO", "commandstats"]);
+    info.lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|s| s.split(',').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A lease update whose reply is lost and whose copy reaches Redis after a
+/// later update succeeded does nothing: before, it set the permit's short
+/// lease in Redis while the guard went by the later, long one, and another
+/// client took the only permit while the guard said it was still out.
+#[test]
+fn a_late_copy_of_a_lost_lease_update_cannot_shorten_a_later_lease() {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let c = impatient(&proxy.url());
+    let sem = c.permit_expirable_semaphore("late");
+    sem.try_set_permits(1).expect("set");
+    let p = sem.acquire(Duration::from_secs(60)).expect("acquire");
+    p.update_lease(Duration::from_secs(60))
+        .expect("script loaded");
+    let raw: Vec<u8> = (0..16)
+        .map(|i| u8::from_str_radix(&p.id()[2 * i..2 * i + 2], 16).expect("hex id"))
+        .collect();
+    // The update's request is swallowed, and delivered 3 s later.
+    let rule = proxy.add_rule(&raw, Fault::LateCopy(Duration::from_secs(3)), 1);
+    assert!(
+        p.update_lease(Duration::from_millis(200)).is_err(),
+        "the reply is lost"
+    );
+    assert_eq!(proxy.hits(rule), 1);
+    let calls = evalsha_calls(&srv);
+    p.update_lease(Duration::from_secs(60))
+        .expect("a later update");
+    assert_eq!(
+        evalsha_calls(&srv),
+        calls + 1,
+        "the late copy reached Redis before the later update: this test needs it after"
+    );
+    wait_until("the late copy to reach Redis", WAIT, || {
+        evalsha_calls(&srv) >= calls + 2
+    });
+    let mut conn = srv.conn();
+    let expiry: f64 = redis::cmd("ZSCORE")
+        .arg("{late}:timeout")
+        .arg(&raw[..])
+        .query(&mut conn)
+        .expect("the permit is out");
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut conn).expect("time");
+    let left_ms = expiry - (secs * 1000 + micros / 1000) as f64;
+    assert!(
+        left_ms > 50_000.0,
+        "the late copy set the permit's lease to {left_ms} ms in Redis"
+    );
+    assert!(p.valid_until() > Instant::now() + Duration::from_secs(50));
+    let other = client(&srv.url());
+    assert!(
+        other
+            .permit_expirable_semaphore("late")
+            .try_acquire(Duration::from_secs(60))
+            .expect("try")
+            .is_none(),
+        "another client took the permit the guard holds"
+    );
+}
+
 /// Redisson's RPermitExpirableSemaphore layout: a permit redlease takes is a
 /// 16-byte member of `{name}:timeout` scored with its expiry; one Redisson
 /// takes (same layout, raw connection) counts against redlease, and its
