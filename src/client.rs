@@ -376,6 +376,13 @@ pub struct ClientStats {
     /// to undo, releases to complete, semaphore permits to return, fair lock
     /// places to leave; also, for a moment, a reentrant lock's queue that
     /// this process leaves after its last waiter gave up. Usually 0.
+    ///
+    /// When the last `Client` handle (and guard) is dropped, those that
+    /// return semaphore permits are still tried in the background, for up
+    /// to 15 minutes, while the process runs (a plain semaphore's permits
+    /// have no lease: a program that exits with one pending leaves its
+    /// permits out); the rest are left to their lease. A program about to
+    /// exit can wait until this is 0.
     pub unsettled_requests: u64,
 }
 

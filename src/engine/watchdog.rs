@@ -37,7 +37,9 @@
 //! The same thread settles requests whose reply was lost, or that Redis
 //! refused for a passing reason ([`Unsettled`]), retrying with a jittered
 //! backoff from [`MIN_SETTLE_DELAY`] to [`MAX_SETTLE_DELAY`]. When the client
-//! goes away, requests still unsettled are left to their lease.
+//! goes away, requests still unsettled are left to their lease, except those
+//! that return semaphore permits (a plain semaphore's have none), which it
+//! goes on settling for up to [`scripts::LATE_REQUEST_WINDOW_MS`].
 //!
 //! It also keeps the client's process key written (see `engine::process`):
 //! each write runs on a short-lived `redlease-process` thread, one at a
@@ -130,6 +132,9 @@ struct State {
     announce: Option<(Instant, Arc<Announce>)>,
     started: bool,
     shutdown: bool,
+    /// After shutdown: until when requests that return semaphore permits
+    /// are still settled (see [`Inner::next_batch`]).
+    linger_until: Option<Instant>,
 }
 
 #[derive(Default)]
@@ -215,6 +220,7 @@ impl Watchdog {
                     announce: None,
                     started: false,
                     shutdown: false,
+                    linger_until: None,
                 }),
                 wake: Condvar::new(),
                 counters: Counters::default(),
@@ -445,6 +451,49 @@ impl Slots {
 }
 
 impl State {
+    /// After the client went away: whether the thread goes on. Nothing is
+    /// renewed or announced any more, and requests whose lock or permit a
+    /// lease brings back are left to it; requests that return semaphore
+    /// permits (a plain semaphore's have no lease: left, they would be out
+    /// for good) are still settled, until none is left or
+    /// [`scripts::LATE_REQUEST_WINDOW_MS`] has passed. The process must
+    /// keep running for that (see `ClientStats::unsettled_requests`).
+    fn linger(&mut self) -> bool {
+        self.schedule.clear();
+        self.announce = None;
+        self.unsettled.retain(|(_, _, u)| !u.expires());
+        let now = Instant::now();
+        let until = match self.linger_until {
+            Some(until) => until,
+            None => {
+                let until = now + Duration::from_millis(scripts::LATE_REQUEST_WINDOW_MS);
+                self.linger_until = Some(until);
+                if !self.unsettled.is_empty() {
+                    log::info!(
+                        "client dropped with {} request(s) returning semaphore permits not \
+                         answered yet: still tried in the background, for up to {} s",
+                        self.unsettled.len(),
+                        scripts::LATE_REQUEST_WINDOW_MS / 1000
+                    );
+                }
+                until
+            }
+        };
+        if self.unsettled.is_empty() {
+            return false;
+        }
+        if now >= until {
+            log::warn!(
+                "gave up {} request(s) returning semaphore permits: Redis did not answer \
+                 within {} s of the client being dropped; their permits stay out",
+                self.unsettled.len(),
+                scripts::LATE_REQUEST_WINDOW_MS / 1000
+            );
+            return false;
+        }
+        true
+    }
+
     /// The tick of `at`: milliseconds since `base`, rounded up (renewing up
     /// to a millisecond late is nothing next to an interval of 50 ms or
     /// more, and it puts the locks acquired in one millisecond in one
@@ -503,7 +552,8 @@ impl Inner {
     }
 
     /// Sleeps until something is due; takes what is due (renewals within
-    /// their slack). `None` on shutdown.
+    /// their slack). `None` on shutdown, once nothing is left to settle
+    /// (see [`State::linger`]).
     #[allow(clippy::type_complexity)]
     fn next_batch(
         &self,
@@ -515,13 +565,16 @@ impl Inner {
     )> {
         let mut st = self.state.lock();
         loop {
-            if st.shutdown {
+            if st.shutdown && !st.linger() {
                 return None;
             }
             let renewal = st.schedule.first_key_value().map(|(t, _)| st.due(*t));
             let settle = st.unsettled.iter().map(|(at, _, _)| *at).min();
             let announce = st.announce.as_ref().map(|(at, _)| *at);
-            let next = [renewal, settle, announce].into_iter().flatten().min();
+            let next = [renewal, settle, announce, st.linger_until]
+                .into_iter()
+                .flatten()
+                .min();
             match next {
                 None => {
                     st.sleeping_until = Some(far_future(Instant::now()));

@@ -486,6 +486,63 @@ fn a_lost_expirable_acquire_reply_leaves_no_permit_out() {
     assert_eq!(available(&srv, "slots"), 1, "returned once");
 }
 
+/// A release whose requests Redis does not answer is completed in the
+/// background; the client dropped meanwhile, it still is once Redis
+/// answers again (a plain semaphore's permits have no lease: given up, they
+/// would be out for good).
+#[test]
+fn a_pending_release_is_completed_after_the_client_is_dropped() {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let c = impatient(&proxy.url());
+    let sem = c.semaphore("gone");
+    sem.try_set_permits(1).expect("set");
+    sem.acquire(1).expect("warm").release().expect("warm");
+    let p = sem.acquire(1).expect("acquire");
+    let rule = proxy.add_rule(b"redlease_semaphore_released", Fault::BlackHole, usize::MAX);
+    assert!(p.release().is_err(), "the request is swallowed");
+    // The background has tried again (and failed) at least once.
+    proxy.wait_hits(rule, 2, WAIT);
+    assert_eq!(c.stats().unsettled_requests, 1);
+    drop(sem);
+    drop(c);
+    proxy.remove_rule(rule);
+    wait_until(
+        "the pending release to be completed once Redis answers again",
+        WAIT,
+        || available(&srv, "gone") == 1,
+    );
+}
+
+/// An acquisition that ran but whose reply was lost is undone in the
+/// background; the client dropped meanwhile, it still is once Redis
+/// answers again: no permit stays out in the name of a caller that was
+/// told it failed.
+#[test]
+fn a_pending_undo_is_completed_after_the_client_is_dropped() {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let c = impatient(&proxy.url());
+    let sem = c.semaphore("undone");
+    sem.try_set_permits(2).expect("set");
+    sem.acquire(1).expect("warm").release().expect("warm");
+    // The acquisition runs; its reply is lost.
+    proxy.add_rule(b"redlease_semaphore_cancel", Fault::DropReply, 1);
+    // Every undo (it carries its marker's ":undo" latch) is swallowed.
+    let undo = proxy.add_rule(b":undo", Fault::BlackHole, usize::MAX);
+    assert!(sem.try_acquire(2).is_err(), "told it failed");
+    assert_eq!(available(&srv, "undone"), 0, "the acquisition ran");
+    proxy.wait_hits(undo, 1, WAIT);
+    drop(sem);
+    drop(c);
+    proxy.remove_rule(undo);
+    wait_until(
+        "the failed acquisition's permits to come back once Redis answers again",
+        WAIT,
+        || available(&srv, "undone") == 2,
+    );
+}
+
 /// The calls of EVALSHA the server has run.
 fn evalsha_calls(srv: &RedisServer) -> u64 {
     let info = srv.cmd(&["INFO", "commandstats"]);
