@@ -153,7 +153,8 @@ impl FairLock {
     /// tells only when it is first in line; it tries again at least every
     /// [`FAIR_RECHECK`], which keeps its place. However the wait ends
     /// without the lock (its deadline, an error, a panic), the place is
-    /// given up at once (in the background if Redis does not answer).
+    /// given up at once: by one more round trip after its deadline, in the
+    /// background after an error or a panic (or if Redis does not answer).
     fn acquire(&self, wait: Wait, terms: &Terms) -> Result<Option<LockGuard>> {
         if matches!(wait, Wait::No) {
             // try_lock never takes a place (and a re-entry needs none).
@@ -177,6 +178,7 @@ impl FairLock {
             lock,
             field,
             taken: false,
+            failed: false,
         };
         let waiters = Waiters {
             channel: &channel,
@@ -198,6 +200,7 @@ impl FairLock {
         });
         // Taking the lock took this thread out of the line.
         place.taken = matches!(got, Ok(Some(_)));
+        place.failed = got.is_err();
         got
     }
 
@@ -228,6 +231,9 @@ struct Place<'a> {
     lock: &'a Lock,
     field: String,
     taken: bool,
+    /// The wait ended in an error: the place is given up in the background
+    /// (Redis likely does not answer; the call returns now).
+    failed: bool,
 }
 
 impl Drop for Place<'_> {
@@ -249,6 +255,12 @@ impl Drop for Place<'_> {
         let publish = lock.router().publish_command();
         let marker = scripts::fair_leave_name(lock.name(), &self.field, shared.next_request());
         let sent = Instant::now();
+        if self.failed || std::thread::panicking() {
+            // No round trip more after a failed wait (its call returns
+            // within its bound), nor while unwinding.
+            shared.settle_later(Unsettled::new(lock_ref, marker, Lost::Leave, None, sent));
+            return;
+        }
         let left = lock.router().run(lock.name(), |conn| {
             scripts::fair_leave(conn, lock_ref, &marker, shared.latch_ttl_ms, publish)
         });

@@ -656,3 +656,61 @@ fn unsent_release_is_settled() {
         ms(back.elapsed())
     ));
 }
+
+/// A fair lock's waiter whose Redis stops answering returns within its
+/// deadline plus one round trip's bound, as a reentrant lock's does: the
+/// place it gives up after the failed wait is left in the background, not
+/// by one more round trip (which cost another response timeout before).
+#[test]
+fn a_fair_waiter_on_a_stalled_redis_returns_within_its_bound() {
+    const RT: Duration = Duration::from_secs(1);
+    const WAIT: Duration = Duration::from_millis(1500);
+    let srv = RedisServer::start();
+    let waiter = builder(&srv.url(), RT)
+        .retry_attempts(0)
+        .build()
+        .expect("build client");
+    let holder = client(&srv.url(), RT);
+    let _held = holder.fair_lock("stall:fair").lock().expect("held");
+    let (tx, rx) = mpsc::channel();
+    let lock = waiter.fair_lock("stall:fair");
+    thread::spawn(move || {
+        let (r, took) = timed(|| lock.try_lock_for(WAIT).map(|g| g.is_some()));
+        tx.send((r.map_err(|e| e.to_string()), took)).unwrap();
+    });
+    let mut conn = srv.conn();
+    wait_until("the waiter to take its place in line", WAIT, || {
+        redis::cmd("LLEN")
+            .arg("redisson_lock_queue:{stall:fair}")
+            .query::<i64>(&mut conn)
+            .unwrap_or(0)
+            == 1
+    });
+    srv.pause();
+    let (r, took) = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the waiter to return while redis is stalled");
+    srv.resume();
+    println!("fair try_lock_for({WAIT:?}) on a stalled redis: {r:?} after {took:?}");
+    assert!(
+        r.is_err(),
+        "it cannot succeed while redis is stalled: {r:?}"
+    );
+    assert_within(
+        "a fair waiter while redis was stalled",
+        took,
+        WAIT + RT + MARGIN,
+    );
+    // Its place is given up once Redis answers again.
+    wait_until(
+        "the waiter's place to be given up",
+        Duration::from_secs(10),
+        || {
+            redis::cmd("LLEN")
+                .arg("redisson_lock_queue:{stall:fair}")
+                .query::<i64>(&mut conn)
+                .unwrap_or(1)
+                == 0
+        },
+    );
+}
