@@ -312,6 +312,12 @@ impl Waiters<'_> {
                         Some(Outcome::Granted { sent, token }) => {
                             if let Some(g) = grantee.as_deref_mut() {
                                 let got = g.granted(&o, sent, token)?;
+                                // Granted by a release while the channel's
+                                // slot moved: the next subscription goes
+                                // where it is now.
+                                if let Ok(Wake::Moved(to)) = &woke {
+                                    self.router.channel_moved(self.channel, to.as_deref());
+                                }
                                 acquired(true);
                                 return Ok(Some(got));
                             }
