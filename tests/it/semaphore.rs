@@ -545,13 +545,7 @@ fn a_pending_undo_is_completed_after_the_client_is_dropped() {
 
 /// The calls of EVALSHA the server has run.
 fn evalsha_calls(srv: &RedisServer) -> u64 {
-    let info = srv.cmd(&["INFO", "commandstats"]);
-    info.lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .and_then(|l| l.split("calls=").nth(1))
-        .and_then(|s| s.split(',').next())
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
+    srv.command_stat("evalsha", "calls")
 }
 
 /// A lease update whose reply is lost and whose copy reaches Redis after a
