@@ -18,7 +18,18 @@ use crate::time::{duration_ms, warn_limited};
 pub(crate) struct Conn {
     link: std::result::Result<Connection, Refusal>,
     epoch: u64,
+    /// When it was last given back to the pool (or made).
+    idle_since: Instant,
 }
+
+/// A connection idle this long is checked before it is handed out: a
+/// server that restarted, or a master that failed over, closed it
+/// meanwhile. Sent on, a request would meet the end of the stream, and one
+/// that must not be sent twice (a semaphore's count, a latch's) could then
+/// not be sent again, as it may have run. Connections in steady use skip
+/// the check (three system calls, about a microsecond): a close within
+/// this long of a connection's last use still meets the request.
+const IDLE_CHECK: Duration = Duration::from_millis(10);
 
 /// A connection attempt that Redis refused for a reason retrying will not
 /// fix (credentials, permissions, certificates). The pool hands it out like
@@ -136,6 +147,7 @@ impl r2d2::ManageConnection for Manager {
             Ok(inner) => Ok(Conn {
                 link: Ok(inner),
                 epoch,
+                idle_since: Instant::now(),
             }),
             Err(error) if is_refusal(&error) => {
                 warn_limited!(
@@ -148,6 +160,7 @@ impl r2d2::ManageConnection for Manager {
                         at: Instant::now(),
                     }),
                     epoch,
+                    idle_since: Instant::now(),
                 })
             }
             Err(e) => {
@@ -159,7 +172,11 @@ impl r2d2::ManageConnection for Manager {
 
     fn is_valid(&self, conn: &mut Conn) -> Result<(), ManagerError> {
         let fresh = match &conn.link {
-            Ok(c) => c.is_open() && conn.epoch >= self.epoch.load(Ordering::Acquire),
+            Ok(c) => {
+                c.is_open()
+                    && conn.epoch >= self.epoch.load(Ordering::Acquire)
+                    && (conn.idle_since.elapsed() < IDLE_CHECK || !c.peer_closed())
+            }
             Err(r) => r.at.elapsed() < REFUSAL_FRESH,
         };
         if fresh {
@@ -170,6 +187,8 @@ impl r2d2::ManageConnection for Manager {
     }
 
     fn has_broken(&self, conn: &mut Conn) -> bool {
+        // Called as it goes back to the pool.
+        conn.idle_since = Instant::now();
         match &conn.link {
             Ok(c) => !c.is_open() || conn.epoch < self.epoch.load(Ordering::Acquire),
             // Used once.

@@ -320,6 +320,33 @@ impl Stream {
         self.set_write_timeout(timeout)
     }
 
+    /// Whether the server has closed the connection (or reset it) while it
+    /// sat idle, told without waiting: a non-blocking peek at the socket.
+    /// Bytes waiting on a plain TCP connection that nobody asked for
+    /// count as closed too (Redis sends nothing unasked on these); on TLS
+    /// they may be a session ticket, so only the end of the stream or an
+    /// error does. A Unix socket is not checked (`false`).
+    pub(crate) fn peer_closed(&self) -> bool {
+        fn peek(s: &TcpStream, data_means_closed: bool) -> bool {
+            if s.set_nonblocking(true).is_err() {
+                return true;
+            }
+            let closed = match s.peek(&mut [0u8; 1]) {
+                Ok(0) => true,
+                Ok(_) => data_means_closed,
+                Err(e) => e.kind() != io::ErrorKind::WouldBlock,
+            };
+            s.set_nonblocking(false).is_err() || closed
+        }
+        match &self.0 {
+            Inner::Tcp(s) => peek(s, true),
+            #[cfg(unix)]
+            Inner::Unix(_) => false,
+            #[cfg(feature = "tls")]
+            Inner::Tls(s) => peek(&s.sock, false),
+        }
+    }
+
     /// Ends the connection both ways; a thread blocked reading it returns.
     pub(crate) fn shutdown(&self) {
         let _ = match &self.0 {
@@ -804,6 +831,14 @@ impl ConnectionLike for Connection {
 
     fn is_open(&self) -> bool {
         self.open
+    }
+}
+
+impl Connection {
+    /// Whether the server closed the connection while it sat idle (see
+    /// [`Stream::peer_closed`]).
+    pub(crate) fn peer_closed(&self) -> bool {
+        self.stream.peer_closed()
     }
 }
 

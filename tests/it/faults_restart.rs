@@ -345,3 +345,36 @@ fn killed_pool_connections_are_replaced() {
     assert!(!held.is_lost());
     held.unlock().expect("unlock held");
 }
+
+/// An idle client's pooled connection that the server closed (killed and
+/// restarted) is found closed before a request goes out on it: the first
+/// operation that is sent at most once (a latch's count-down, a semaphore's
+/// added permits) runs, instead of failing as "may have run" on the end of
+/// the stream it met.
+#[test]
+fn an_idle_clients_first_sent_once_operation_after_a_restart_runs() {
+    let srv = RedisServer::start();
+    let c = client(&srv.url());
+    let latch = c.count_down_latch("restart:latch");
+    assert!(latch.try_set_count(5).expect("set the count"));
+    let sem = c.semaphore("restart:sem");
+    assert!(sem.try_set_permits(1).expect("set the permits"));
+    srv.kill();
+    srv.restart();
+    wait_until("redis to answer again", Duration::from_secs(10), || {
+        srv.ping(Duration::from_millis(200))
+    });
+    // Idle longer than the pool's check of idle connections (10 ms) asks
+    // for, however fast the restart was.
+    thread::sleep(Duration::from_millis(50));
+    // The restarted server is empty: the counts again, behind the client.
+    srv.cmd(&["SET", "restart:latch", "5"]);
+    srv.cmd(&["SET", "restart:sem", "1"]);
+    latch
+        .count_down()
+        .expect("count down on an idle client after the restart");
+    assert_eq!(srv.cmd(&["GET", "restart:latch"]), "4");
+    sem.add_permits(1)
+        .expect("add permits on an idle client after the restart");
+    assert_eq!(srv.cmd(&["GET", "restart:sem"]), "2");
+}
