@@ -378,7 +378,12 @@ impl Permit {
                 .retain(|(_, at)| sent.saturating_duration_since(*at) < window);
             st.lost.iter().map(|(k, _)| k.clone()).collect()
         };
+        // Sent more than once (the pool sends a request again on a new
+        // connection after a dropped one), an earlier copy may still be on
+        // its way whatever the answer.
+        let tries = std::cell::Cell::new(0u32);
         let result = names.router().run(&names.name, |conn| {
+            tries.set(tries.get() + 1);
             let update = scripts::LeaseUpdate {
                 id: &self.raw,
                 lease_ms,
@@ -395,12 +400,18 @@ impl Permit {
         if st.in_flight == 0 {
             st.overlapped = false;
         }
-        match &result {
+        if result.is_ok() {
             // Answered: the lost updates' keys are set.
-            Ok(_) => st.lost.retain(|(k, _)| !lost.contains(k)),
-            // This one may have run, or may still: its key goes with the
-            // next update.
-            Err(_) => st.lost.push((key, sent)),
+            st.lost.retain(|(k, _)| !lost.contains(k));
+        }
+        let maybe_late = match &result {
+            Ok(_) => tries.get() > 1,
+            Err(e) => e.needs_settle(),
+        };
+        if maybe_late {
+            // A copy of this one may still reach Redis: its key goes with
+            // the next update.
+            st.lost.push((key, sent));
         }
         let n = result?;
         if n == 1 {

@@ -583,14 +583,7 @@ fn a_late_copy_of_a_lost_lease_update_cannot_shorten_a_later_lease() {
     wait_until("the late copy to reach Redis", WAIT, || {
         evalsha_calls(&srv) >= calls + 2
     });
-    let mut conn = srv.conn();
-    let expiry: f64 = redis::cmd("ZSCORE")
-        .arg("{late}:timeout")
-        .arg(&raw[..])
-        .query(&mut conn)
-        .expect("the permit is out");
-    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut conn).expect("time");
-    let left_ms = expiry - (secs * 1000 + micros / 1000) as f64;
+    let left_ms = permit_left_ms(&srv, "late", &raw);
     assert!(
         left_ms > 50_000.0,
         "the late copy set the permit's lease to {left_ms} ms in Redis"
@@ -605,6 +598,67 @@ fn a_late_copy_of_a_lost_lease_update_cannot_shorten_a_later_lease() {
             .is_none(),
         "another client took the permit the guard holds"
     );
+}
+
+/// The permit's lease left in Redis, in ms (Redis's clock).
+fn permit_left_ms(srv: &RedisServer, name: &str, raw: &[u8]) -> f64 {
+    let mut conn = srv.conn();
+    let expiry: f64 = redis::cmd("ZSCORE")
+        .arg(format!("{{{name}}}:timeout"))
+        .arg(raw)
+        .query(&mut conn)
+        .expect("the permit is out");
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut conn).expect("time");
+    expiry - (secs * 1000 + micros / 1000) as f64
+}
+
+/// As above, with the lease update answered: its first copy is held back
+/// and its connection cut, so the pool sends it again on a new one, which
+/// is answered. The first copy still comes, after a later update.
+#[test]
+fn a_late_copy_of_a_lease_update_the_pool_sent_again_cannot_shorten_a_later_lease() {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    // The default retry_attempts: a dropped connection's request is sent
+    // again.
+    let c = Client::builder(proxy.url())
+        .response_timeout(Duration::from_secs(2))
+        .build()
+        .expect("client");
+    let sem = c.permit_expirable_semaphore("resent");
+    sem.try_set_permits(1).expect("set");
+    let p = sem.acquire(Duration::from_secs(60)).expect("acquire");
+    p.update_lease(Duration::from_secs(60))
+        .expect("script loaded");
+    let raw: Vec<u8> = (0..16)
+        .map(|i| u8::from_str_radix(&p.id()[2 * i..2 * i + 2], 16).expect("hex id"))
+        .collect();
+    let rule = proxy.add_rule(&raw, Fault::LateCopy(Duration::from_secs(3)), 1);
+    let short = thread::scope(|s| {
+        s.spawn(|| {
+            proxy.wait_hits(rule, 1, WAIT);
+            proxy.cut();
+        });
+        p.update_lease(Duration::from_millis(300))
+    });
+    assert!(short.is_ok(), "the copy sent again was answered: {short:?}");
+    let calls = evalsha_calls(&srv);
+    p.update_lease(Duration::from_secs(60))
+        .expect("a later update");
+    assert_eq!(
+        evalsha_calls(&srv),
+        calls + 1,
+        "the late copy reached Redis before the later update: this test needs it after"
+    );
+    wait_until("the late copy to reach Redis", WAIT, || {
+        evalsha_calls(&srv) >= calls + 2
+    });
+    let left_ms = permit_left_ms(&srv, "resent", &raw);
+    assert!(
+        left_ms > 50_000.0,
+        "the late copy set the permit's lease to {left_ms} ms in Redis"
+    );
+    assert!(p.valid_until() > Instant::now() + Duration::from_secs(50));
 }
 
 /// Redisson's RPermitExpirableSemaphore layout: a permit redlease takes is a
