@@ -143,7 +143,9 @@ impl ExpirableSemaphore {
             &scripts::hex(&raw),
             names.shared().next_request(),
         );
-        let n = names.router().run(&names.name, |conn| {
+        // Waited for by the replicas where replica sync is on, as a lock's
+        // release.
+        let (n, _) = names.router().run_synced(&names.name, |conn| {
             scripts::return_permits(
                 conn,
                 names.sem(),

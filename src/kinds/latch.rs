@@ -85,10 +85,14 @@ impl CountDownLatch {
         self.check_name()?;
         let publish = self.router().publish_command();
         // Not idempotent (as Redisson's): never resent after it may have run.
-        self.router().run(
-            &self.name,
-            send_once(|conn| scripts::latch(conn, op, &self.name, &self.channel, publish)),
-        )
+        // Waited for by the replicas where replica sync is on, as a lock's
+        // writes (one fewer confirmed is still done on the master).
+        self.router()
+            .run_synced(
+                &self.name,
+                send_once(|conn| scripts::latch(conn, op, &self.name, &self.channel, publish)),
+            )
+            .map(|(n, _)| n)
     }
 
     /// Sets the count to `count` if the latch does not exist; `false` if it

@@ -108,10 +108,14 @@ impl Names {
         self.check()?;
         let publish = self.router().publish_command();
         // Not idempotent (as Redisson's, which sends them without retry).
-        self.router().run(
-            &self.name,
-            send_once(|conn| scripts::permits(conn, self.sem(), op, publish)),
-        )
+        // Waited for by the replicas, as a lock's writes, where replica sync
+        // is on (a count fewer confirmed is still set on the master).
+        self.router()
+            .run_synced(
+                &self.name,
+                send_once(|conn| scripts::permits(conn, self.sem(), op, publish)),
+            )
+            .map(|(n, _)| n)
     }
 
     pub(crate) fn try_set_permits(&self, permits: u64) -> Result<bool> {
@@ -253,9 +257,14 @@ impl Names {
             ),
         };
         let sent = Instant::now();
-        let reply = self.router().run(&self.name, |conn| {
-            scripts::return_permits(conn, self.sem(), what, &latch, None, latch_ms, publish)
-        });
+        // Waited for by the replicas where replica sync is on, as a lock's
+        // release (one fewer confirmed is still done on the master).
+        let reply = self
+            .router()
+            .run_synced(&self.name, |conn| {
+                scripts::return_permits(conn, self.sem(), what, &latch, None, latch_ms, publish)
+            })
+            .map(|(n, _)| n);
         match reply {
             Ok(1) => Ok(()),
             Ok(_) => Err(Error::PermitLost {

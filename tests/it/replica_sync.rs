@@ -66,6 +66,74 @@ fn confirmed_writes_are_on_the_replica_when_the_call_returns() {
     }
 }
 
+/// The rest of the family's writes are confirmed too: each is followed by a
+/// `WAIT` (two when its script is loaded first), and the replica has a semaphore's returned permits, an
+/// expirable semaphore's returned permit, a latch's count and a
+/// semaphore's added permits as soon as the call returns (a failover then
+/// cannot lose them: a plain semaphore's permits have no lease that would
+/// bring them back). Before, only their acquisitions waited.
+#[test]
+fn semaphore_and_latch_writes_are_on_the_replica_when_the_call_returns() {
+    let (master, replica) = master_and_replica();
+    let c = client(&master, Duration::from_secs(1));
+    let waits = || master.command_stat("wait", "calls");
+    let mut r = replica.conn();
+    let mut on_replica = |key: &str| -> Option<String> {
+        redis::cmd("GET")
+            .arg(key)
+            .query(&mut r)
+            .expect("GET on the replica")
+    };
+    let sem = c.semaphore("sync:sem");
+    assert!(sem.try_set_permits(2).unwrap());
+    for i in 0..20 {
+        let p = sem.acquire(2).unwrap();
+        assert_eq!(on_replica("sync:sem").as_deref(), Some("0"), "round {i}");
+        let before = waits();
+        p.release().unwrap();
+        assert!(waits() > before, "the release waited for the replica");
+        assert_eq!(
+            on_replica("sync:sem").as_deref(),
+            Some("2"),
+            "the permits back on the replica when release() returned (round {i})"
+        );
+    }
+    let before = waits();
+    sem.add_permits(1).unwrap();
+    assert!(waits() > before, "adding permits waited for the replica");
+    assert_eq!(
+        on_replica("sync:sem").as_deref(),
+        Some("3"),
+        "added permits"
+    );
+    let exp = c.permit_expirable_semaphore("sync:exp");
+    assert!(exp.try_set_permits(1).unwrap());
+    for i in 0..20 {
+        let p = exp.acquire(Duration::from_secs(60)).unwrap();
+        let before = waits();
+        p.release().unwrap();
+        assert!(waits() > before, "the release waited for the replica");
+        assert_eq!(
+            on_replica("sync:exp").as_deref(),
+            Some("1"),
+            "the permit back on the replica when release() returned (round {i})"
+        );
+    }
+    let latch = c.count_down_latch("sync:latch");
+    assert!(latch.try_set_count(20).unwrap());
+    for left in (0..20).rev() {
+        let before = waits();
+        latch.count_down().unwrap();
+        assert!(waits() > before, "the count-down waited for the replica");
+        let want = (left > 0).then(|| left.to_string());
+        assert_eq!(
+            on_replica("sync:latch"),
+            want,
+            "the count on the replica when count_down() returned"
+        );
+    }
+}
+
 /// A replica that does not answer: the acquisition is undone, retried, and
 /// reported as `ReplicaSync`; the lock is not left held. With sync off the
 /// same lock is taken at once.
