@@ -499,9 +499,12 @@ impl ClientBuilder {
 
     /// Replica sync, as Redisson's `checkLockSyncedSlaves`: every write that
     /// decides a lock's state (acquire, release, a renewal batch, the
-    /// settling of a lost reply, force-unlock) is followed in the same round
-    /// trip by `WAIT min_replicas timeout`, so that the lock survives a
-    /// failover of its master to a replica. The requirement is capped by the
+    /// settling of a lost reply, force-unlock), and a semaphore's or a
+    /// latch's count (permits taken, returned, set or added; a count-down),
+    /// is followed in the same round trip by `WAIT min_replicas timeout`, so
+    /// that the lock survives a failover of its master to a replica. A
+    /// release or a count fewer replicas confirmed is still done on the
+    /// master and reported done. The requirement is capped by the
     /// replicas the master has at that moment (read with `ROLE`, at most once
     /// a second): a master with no replica takes writes without WAIT. An
     /// acquisition fewer replicas confirmed is undone and retried (up to
