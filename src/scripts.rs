@@ -238,6 +238,9 @@ pub(crate) struct Acquire<'a> {
     pub(crate) place_ms: u64,
     /// A fair lock's waiter's first try: it queues at the end.
     pub(crate) requeue: bool,
+    /// The publish command (a fair lock's try that finds the lock free but
+    /// another waiter first in line tells that waiter).
+    pub(crate) publish: &'static str,
     /// A reentrant lock's waiter that listens for its process's wake-up:
     /// its process joins the lock's queue if busy (see queue_lib.lua).
     pub(crate) queue: Option<Queued<'a>>,
@@ -292,7 +295,9 @@ impl Acquire<'_> {
         match self.lock.kind {
             Kind::Fair => {
                 cmd.arg(self.place_ms)
-                    .arg(if self.requeue { "1" } else { "0" });
+                    .arg(if self.requeue { "1" } else { "0" })
+                    .arg(self.lock.channel)
+                    .arg(self.publish);
             }
             Kind::Read | Kind::Write => {
                 cmd.arg(self.prefix).arg(self.writer).arg(rw_base(name));

@@ -774,6 +774,7 @@ impl Lock {
             writer: &r.writer,
             place_ms: r.place_ms,
             requeue: r.requeue,
+            publish: self.shared.router.publish_command(),
             queue: queued.copied(),
         }
     }

@@ -10,12 +10,16 @@
 --         queue, a single try; a place this owner still has goes)
 -- ARGV[6] '1' for the first try of a wait: a place this owner still has
 --         from an earlier wait goes, and it queues at the end
--- ARGV[7] TTL in ms of the keys in KEYS[6..] (given only with them)
+-- ARGV[7] the lock's channel (a waiter's own is <channel>:<owner>)
+-- ARGV[8] the publish command ('publish', or 'spublish' on a cluster)
+-- ARGV[9] TTL in ms of the keys in KEYS[6..] (given only with them)
 -- Returns nil when acquired, -3 when cancelled already, -4 when the caller
 -- believes it holds the lock but its field is gone, else the holder's PTTL
--- (-2 when the lock is free but another waiter is first in line).
+-- (-2 when the lock is free but another waiter is first in line, who is
+-- then told: the release may have told a place that went since, this
+-- owner's own from a wait it gave up whose leave has not run yet).
 for i = 6, #KEYS do
-    redis.call('set', KEYS[i], '1', 'px', ARGV[7])
+    redis.call('set', KEYS[i], '1', 'px', ARGV[9])
 end
 if redis.call('exists', KEYS[2]) == 1 then
     return -3
@@ -55,4 +59,8 @@ if keep > 0 then
         redis.call('rpush', KEYS[3], ARGV[2])
     end
 end
-return redis.call('pttl', KEYS[1])
+local ttl = redis.call('pttl', KEYS[1])
+if ttl == -2 and first and first ~= ARGV[2] then
+    redis.call(ARGV[8], ARGV[7] .. ':' .. first, '0')
+end
+return ttl

@@ -775,6 +775,56 @@ fn a_waiter_that_gave_up_does_not_keep_its_old_place() {
     );
 }
 
+/// A waiter gave up (its deadline) but its leave did not get through, and
+/// the lock is released meanwhile: the release tells its old place, still
+/// first in line, not the waiter behind it. The waiter's next try takes its
+/// old place out and, finding the lock free with another waiter first,
+/// tells that one, who would otherwise sleep until its re-check (2 s).
+#[test]
+fn a_try_that_finds_the_lock_free_tells_the_first_in_line() {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let a = crate::faults_common::impatient(&proxy.url());
+    let h = Client::open(srv.url()).expect("client");
+    let b = Client::open(srv.url()).expect("client");
+    let held = h.fair_lock("t").lock().expect("holder");
+    let leave_sha = sha1_hex(concat!(
+        include_str!("../../src/scripts/fair_lib.lua"),
+        include_str!("../../src/scripts/fair_leave.lua")
+    ));
+    let hole = proxy.add_rule(leave_sha.as_bytes(), Fault::BlackHole, usize::MAX);
+    let fa = a.fair_lock("t");
+    assert!(fa
+        .try_lock_for(Duration::from_millis(200))
+        .expect("wait")
+        .is_none());
+    proxy.wait_hits(hole, 1, WAIT);
+    let b_waits = thread::spawn(move || {
+        b.fair_lock("t")
+            .try_lock_for(WAIT)
+            .expect("b waits")
+            .map(|g| g.unlock())
+    });
+    wait_until("B in line behind A's old place", WAIT, || {
+        srv.cmd(&["LLEN", "redisson_lock_queue:{t}"]) == "2"
+    });
+    let b_field = srv.cmd(&["LINDEX", "redisson_lock_queue:{t}", "1"]);
+    let told = srv.listen(&format!("redisson_lock__channel:{{t}}:{b_field}"));
+    drop(held);
+    assert!(
+        fa.try_lock().expect("a's next try").is_none(),
+        "B is first in line now"
+    );
+    assert_eq!(
+        told.recv_timeout(WAIT)
+            .expect("B to be told by A's try that found the lock free"),
+        b"0"
+    );
+    let got = b_waits.join().expect("b");
+    assert!(matches!(got, Some(Ok(()))), "B took the lock: {got:?}");
+    proxy.remove_rule(hole);
+}
+
 /// `force_unlock` deletes the lock whoever holds it and tells the first in
 /// line, who takes it.
 #[test]
