@@ -255,6 +255,47 @@ impl TlsStream {
         e
     }
 
+    /// Idle check: takes in, without blocking, what records arrived
+    /// (a session ticket, or a close_notify) and tells whether the server
+    /// closed the session or the stream, or sent plaintext unasked.
+    pub(crate) fn idle_closed(&self) -> bool {
+        if self.sock.set_nonblocking(true).is_err() {
+            return true;
+        }
+        let mut raw = [0u8; 4096];
+        let mut eof = false;
+        let mut bad = false;
+        loop {
+            match (&self.sock).read(&mut raw) {
+                Ok(0) => {
+                    eof = true;
+                    break;
+                }
+                Ok(n) => {
+                    let mut s = self.session.lock();
+                    s.raw.extend_from_slice(&raw[..n]);
+                    if s.feed().is_err() {
+                        bad = true;
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    bad = true;
+                    break;
+                }
+            }
+        }
+        let restored = self.sock.set_nonblocking(false).is_ok();
+        if eof || bad || !restored {
+            return true;
+        }
+        let mut s = self.session.lock();
+        let mut one = [0u8; 1];
+        // Ok(0): close_notify; Ok(_): plaintext nobody asked for.
+        !matches!(s.conn.reader().read(&mut one), Err(ref e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
     pub(crate) fn write_all(&self, buf: &[u8]) -> io::Result<()> {
         if !buf.is_empty() {
             self.session.lock().conn.writer().write_all(buf)?;

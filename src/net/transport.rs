@@ -343,7 +343,7 @@ impl Stream {
             #[cfg(unix)]
             Inner::Unix(_) => false,
             #[cfg(feature = "tls")]
-            Inner::Tls(s) => peek(&s.sock, false),
+            Inner::Tls(s) => s.idle_closed(),
         }
     }
 

@@ -486,3 +486,63 @@ fn cluster_over_mutual_tls() {
     );
     assert_eq!(a.stats().locks_lost, 0);
 }
+
+/// A TLS connection the server closed while it sat idle (`CLIENT KILL`, as
+/// a Sentinel does to the old master's clients; the server's `timeout`):
+/// Redis sends a close_notify before the end of the stream, and the pool's
+/// idle check reads it as closed, so the first call sent at most once (a
+/// latch's count-down, a semaphore's added permits) runs on a new
+/// connection instead of failing as "may have run". A healthy idle TLS
+/// connection (session tickets waiting) is kept.
+#[test]
+fn an_idle_tls_connection_the_server_closed_is_replaced() {
+    let t = tls_server(false);
+    let c = Client::builder(t.url())
+        .tls_root_certificate(t.pki.ca.clone())
+        .pool_size(1)
+        .response_timeout(Duration::from_millis(500))
+        .build()
+        .expect("TLS client");
+    // The ids of the clients connected to the TLS port.
+    let tls_clients = || -> Vec<String> {
+        let laddr = format!("laddr=127.0.0.1:{}", t.tls_port);
+        t.srv
+            .cmd(&["CLIENT", "LIST", "TYPE", "normal"])
+            .lines()
+            .filter(|l| l.contains(&laddr))
+            .filter_map(|l| l.split(' ').next().map(str::to_owned))
+            .collect()
+    };
+    let latch = c.count_down_latch("tls:idle:latch");
+    assert!(latch.try_set_count(5).expect("set the count"));
+    let sem = c.semaphore("tls:idle:sem");
+    assert!(sem.try_set_permits(1).expect("set the permits"));
+    // Idle longer than the pool's idle check (10 ms) asks for, healthy:
+    // kept.
+    let before = tls_clients();
+    thread::sleep(Duration::from_millis(50));
+    assert_eq!(latch.count().expect("count"), 5);
+    assert_eq!(
+        tls_clients(),
+        before,
+        "a healthy idle TLS connection was replaced"
+    );
+    // Closed by the server while idle: replaced, and the call runs.
+    assert!(
+        t.srv.client_kill_type("normal") >= 1,
+        "killed the pool's connection"
+    );
+    thread::sleep(Duration::from_millis(50));
+    latch
+        .count_down()
+        .unwrap_or_else(|e| panic!("count_down on an idle TLS client after CLIENT KILL: {e}"));
+    assert_eq!(t.srv.cmd(&["GET", "tls:idle:latch"]), "4");
+    assert!(
+        t.srv.client_kill_type("normal") >= 1,
+        "killed the pool's connection"
+    );
+    thread::sleep(Duration::from_millis(50));
+    sem.add_permits(1)
+        .unwrap_or_else(|e| panic!("add_permits on an idle TLS client after CLIENT KILL: {e}"));
+    assert_eq!(t.srv.cmd(&["GET", "tls:idle:sem"]), "2");
+}
