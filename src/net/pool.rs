@@ -858,7 +858,13 @@ pub(crate) struct WarnOnError;
 
 impl r2d2::HandleError<ManagerError> for WarnOnError {
     fn handle_error(&self, error: ManagerError) {
-        warn_limited!("connect", "cannot connect to redis: {error}");
+        match error {
+            // A pooled connection found closed or outdated at check-out
+            // (the server restarted, timed it out, a failover): replaced,
+            // nothing failed.
+            ManagerError::Stale => log::debug!("replacing a pooled connection: {error}"),
+            _ => warn_limited!("connect", "cannot connect to redis: {error}"),
+        }
     }
 }
 
