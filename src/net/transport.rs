@@ -324,8 +324,10 @@ impl Stream {
     /// sat idle, told without waiting: a non-blocking peek at the socket.
     /// Bytes waiting on a plain TCP connection that nobody asked for
     /// count as closed too (Redis sends nothing unasked on these); on TLS
-    /// they may be a session ticket, so only the end of the stream or an
-    /// error does. A Unix socket is not checked (`false`).
+    /// the records waiting are taken in and read by the session (a session
+    /// ticket is fine, a close_notify is not: see
+    /// `TlsStream::idle_closed`). A Unix socket is not checked
+    /// (`false`).
     pub(crate) fn peer_closed(&self) -> bool {
         fn peek(s: &TcpStream, data_means_closed: bool) -> bool {
             if s.set_nonblocking(true).is_err() {
