@@ -10,7 +10,7 @@ use std::sync::{mpsc, Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::support::{wait_until, Fault, Proxy, RedisServer};
+use crate::support::{wait_until, Fault, Proxy, RedisServer, RuleId};
 use redlease::{Client, ExpirableSemaphore, Semaphore};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -548,58 +548,6 @@ fn evalsha_calls(srv: &RedisServer) -> u64 {
     srv.command_stat("evalsha", "calls")
 }
 
-/// A lease update whose reply is lost and whose copy reaches Redis after a
-/// later update succeeded does nothing: before, it set the permit's short
-/// lease in Redis while the guard went by the later, long one, and another
-/// client took the only permit while the guard said it was still out.
-#[test]
-fn a_late_copy_of_a_lost_lease_update_cannot_shorten_a_later_lease() {
-    let srv = RedisServer::start();
-    let proxy = Proxy::start(srv.addr());
-    let c = impatient(&proxy.url());
-    let sem = c.permit_expirable_semaphore("late");
-    sem.try_set_permits(1).expect("set");
-    let p = sem.acquire(Duration::from_secs(60)).expect("acquire");
-    p.update_lease(Duration::from_secs(60))
-        .expect("script loaded");
-    let raw: Vec<u8> = (0..16)
-        .map(|i| u8::from_str_radix(&p.id()[2 * i..2 * i + 2], 16).expect("hex id"))
-        .collect();
-    // The update's request is swallowed, and delivered 3 s later.
-    let rule = proxy.add_rule(&raw, Fault::LateCopy(Duration::from_secs(3)), 1);
-    assert!(
-        p.update_lease(Duration::from_millis(200)).is_err(),
-        "the reply is lost"
-    );
-    assert_eq!(proxy.hits(rule), 1);
-    let calls = evalsha_calls(&srv);
-    p.update_lease(Duration::from_secs(60))
-        .expect("a later update");
-    assert_eq!(
-        evalsha_calls(&srv),
-        calls + 1,
-        "the late copy reached Redis before the later update: this test needs it after"
-    );
-    wait_until("the late copy to reach Redis", WAIT, || {
-        evalsha_calls(&srv) >= calls + 2
-    });
-    let left_ms = permit_left_ms(&srv, "late", &raw);
-    assert!(
-        left_ms > 50_000.0,
-        "the late copy set the permit's lease to {left_ms} ms in Redis"
-    );
-    assert!(p.valid_until() > Instant::now() + Duration::from_secs(50));
-    let other = client(&srv.url());
-    assert!(
-        other
-            .permit_expirable_semaphore("late")
-            .try_acquire(Duration::from_secs(60))
-            .expect("try")
-            .is_none(),
-        "another client took the permit the guard holds"
-    );
-}
-
 /// The permit's lease left in Redis, in ms (Redis's clock).
 fn permit_left_ms(srv: &RedisServer, name: &str, raw: &[u8]) -> f64 {
     let mut conn = srv.conn();
@@ -610,6 +558,74 @@ fn permit_left_ms(srv: &RedisServer, name: &str, raw: &[u8]) -> f64 {
         .expect("the permit is out");
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut conn).expect("time");
     expiry - (secs * 1000 + micros / 1000) as f64
+}
+
+/// A permit of `c`'s semaphore `name` (through `proxy` to `srv`) has a
+/// 300 ms lease update whose first copy the proxy holds back 3 s (`short`
+/// makes the update, `rule` the proxy's rule for it); a 60 s update
+/// follows, then the held-back copy lands: it must not shorten the lease,
+/// in Redis or by the guard's bound, nor let another client take the
+/// permit.
+fn a_late_copy_cannot_shorten_a_later_lease(
+    srv: &RedisServer,
+    proxy: &Proxy,
+    c: &Client,
+    name: &str,
+    short: impl FnOnce(&redlease::Permit, RuleId),
+) {
+    let sem = c.permit_expirable_semaphore(name);
+    sem.try_set_permits(1).expect("set");
+    let p = sem.acquire(Duration::from_secs(60)).expect("acquire");
+    p.update_lease(Duration::from_secs(60))
+        .expect("script loaded");
+    let raw: Vec<u8> = (0..16)
+        .map(|i| u8::from_str_radix(&p.id()[2 * i..2 * i + 2], 16).expect("hex id"))
+        .collect();
+    let rule = proxy.add_rule(&raw, Fault::LateCopy(Duration::from_secs(3)), 1);
+    short(&p, rule);
+    let calls = evalsha_calls(srv);
+    p.update_lease(Duration::from_secs(60))
+        .expect("a later update");
+    assert_eq!(
+        evalsha_calls(srv),
+        calls + 1,
+        "the late copy reached Redis before the later update: this test needs it after"
+    );
+    wait_until("the late copy to reach Redis", WAIT, || {
+        evalsha_calls(srv) >= calls + 2
+    });
+    let left_ms = permit_left_ms(srv, name, &raw);
+    assert!(
+        left_ms > 50_000.0,
+        "the late copy set the permit's lease to {left_ms} ms in Redis"
+    );
+    assert!(p.valid_until() > Instant::now() + Duration::from_secs(50));
+    assert!(
+        client(&srv.url())
+            .permit_expirable_semaphore(name)
+            .try_acquire(Duration::from_secs(60))
+            .expect("try")
+            .is_none(),
+        "another client took the permit the guard holds"
+    );
+}
+
+/// A lease update whose reply is lost and whose copy reaches Redis after a
+/// later update succeeded does nothing: before, it set the permit's short
+/// lease in Redis while the guard went by the later, long one, and another
+/// client took the only permit while the guard said it was still out.
+#[test]
+fn a_late_copy_of_a_lost_lease_update_cannot_shorten_a_later_lease() {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let c = impatient(&proxy.url());
+    a_late_copy_cannot_shorten_a_later_lease(&srv, &proxy, &c, "late", |p, rule| {
+        assert!(
+            p.update_lease(Duration::from_millis(300)).is_err(),
+            "the reply is lost"
+        );
+        assert_eq!(proxy.hits(rule), 1);
+    });
 }
 
 /// As above, with the lease update answered: its first copy is held back
@@ -625,40 +641,16 @@ fn a_late_copy_of_a_lease_update_the_pool_sent_again_cannot_shorten_a_later_leas
         .response_timeout(Duration::from_secs(2))
         .build()
         .expect("client");
-    let sem = c.permit_expirable_semaphore("resent");
-    sem.try_set_permits(1).expect("set");
-    let p = sem.acquire(Duration::from_secs(60)).expect("acquire");
-    p.update_lease(Duration::from_secs(60))
-        .expect("script loaded");
-    let raw: Vec<u8> = (0..16)
-        .map(|i| u8::from_str_radix(&p.id()[2 * i..2 * i + 2], 16).expect("hex id"))
-        .collect();
-    let rule = proxy.add_rule(&raw, Fault::LateCopy(Duration::from_secs(3)), 1);
-    let short = thread::scope(|s| {
-        s.spawn(|| {
-            proxy.wait_hits(rule, 1, WAIT);
-            proxy.cut();
+    a_late_copy_cannot_shorten_a_later_lease(&srv, &proxy, &c, "resent", |p, rule| {
+        let short = thread::scope(|s| {
+            s.spawn(|| {
+                proxy.wait_hits(rule, 1, WAIT);
+                proxy.cut();
+            });
+            p.update_lease(Duration::from_millis(300))
         });
-        p.update_lease(Duration::from_millis(300))
+        assert!(short.is_ok(), "the copy sent again was answered: {short:?}");
     });
-    assert!(short.is_ok(), "the copy sent again was answered: {short:?}");
-    let calls = evalsha_calls(&srv);
-    p.update_lease(Duration::from_secs(60))
-        .expect("a later update");
-    assert_eq!(
-        evalsha_calls(&srv),
-        calls + 1,
-        "the late copy reached Redis before the later update: this test needs it after"
-    );
-    wait_until("the late copy to reach Redis", WAIT, || {
-        evalsha_calls(&srv) >= calls + 2
-    });
-    let left_ms = permit_left_ms(&srv, "resent", &raw);
-    assert!(
-        left_ms > 50_000.0,
-        "the late copy set the permit's lease to {left_ms} ms in Redis"
-    );
-    assert!(p.valid_until() > Instant::now() + Duration::from_secs(50));
 }
 
 /// Redisson's RPermitExpirableSemaphore layout: a permit redlease takes is a
