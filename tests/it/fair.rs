@@ -825,6 +825,37 @@ fn a_try_that_finds_the_lock_free_tells_the_first_in_line() {
     proxy.remove_rule(hole);
 }
 
+/// A user without the lock's channels (docs/production.md: such a user can
+/// take free locks) gets "busy" from a fair try that finds the lock free
+/// and another waiter first in line, as before that try told the first
+/// waiter: the wake-up is best effort, not an error.
+#[test]
+fn a_try_without_the_channel_that_finds_another_first_is_busy_not_an_error() {
+    let srv = RedisServer::start();
+    let out = srv.cmd(&[
+        "ACL",
+        "SETUSER",
+        "nochan",
+        "on",
+        ">pw",
+        "~*",
+        "+@all",
+        "resetchannels",
+    ]);
+    assert_eq!(out.trim(), "OK", "{out}");
+    // Another waiter first in line (a live place), the lock free.
+    let until = (epoch_ms() + 60_000).to_string();
+    srv.cmd(&["RPUSH", "redisson_lock_queue:{nochan}", "other:1"]);
+    srv.cmd(&["ZADD", "redisson_lock_timeout:{nochan}", &until, "other:1"]);
+    let c = client(&format!("redis://nochan:pw@127.0.0.1:{}/", srv.port()));
+    let got = c.fair_lock("nochan").try_lock();
+    assert!(
+        matches!(got, Ok(None)),
+        "try_lock on a free fair lock with another waiter first: {:?}",
+        got.map(|g| g.is_some())
+    );
+}
+
 /// `force_unlock` deletes the lock whoever holds it and tells the first in
 /// line, who takes it.
 #[test]
