@@ -150,7 +150,10 @@ pub(crate) struct Counters {
 
 struct Inner {
     router: Arc<Router>,
-    on_lost: Option<LostCallback>,
+    /// Taken when the client goes away: a thread that lingers (see
+    /// [`State::linger`]) reports no hold, and keeps nothing of the
+    /// caller's alive.
+    on_lost: Mutex<Option<LostCallback>>,
     /// The causes of failed settles warned about (`<node>: <what failed>`),
     /// until a settle on that node succeeds.
     settle_warned: Mutex<Vec<String>>,
@@ -206,7 +209,7 @@ impl Watchdog {
         Watchdog {
             inner: Arc::new(Inner {
                 router,
-                on_lost,
+                on_lost: Mutex::new(on_lost),
                 settle_warned: Mutex::new(Vec::new()),
                 relative: AtomicBool::new(false),
                 progress: Arc::new(Progress::default()),
@@ -350,6 +353,9 @@ impl Watchdog {
 
 impl Drop for Watchdog {
     fn drop(&mut self) {
+        // Dropped here, not under the lock (it may own anything).
+        let on_lost = self.inner.on_lost.lock().take();
+        drop(on_lost);
         self.inner.state.lock().shutdown = true;
         self.inner.wake.notify_all();
     }
@@ -1094,7 +1100,8 @@ impl Inner {
             .counters()
             .events
             .lost(hold.kind.label(), hold.name());
-        if let Some(cb) = &self.on_lost {
+        let cb = self.on_lost.lock().clone();
+        if let Some(cb) = cb {
             if catch_unwind(AssertUnwindSafe(|| cb(hold.name()))).is_err() {
                 log::error!("the on_lock_lost callback panicked");
             }

@@ -514,6 +514,44 @@ fn a_pending_release_is_completed_after_the_client_is_dropped() {
     );
 }
 
+/// While the watchdog thread goes on returning permits after the client
+/// was dropped, it keeps nothing of the caller's: the `on_lock_lost`
+/// callback (and what it owns, here a channel's sender) is dropped with
+/// the client, not up to 15 minutes later.
+#[test]
+fn a_lingering_watchdog_drops_the_lost_callback_with_the_client() {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let (tx, rx) = mpsc::channel::<String>();
+    let tx = std::sync::Mutex::new(tx);
+    let c = crate::faults_common::builder(&proxy.url(), Duration::from_millis(300))
+        .retry_attempts(0)
+        .on_lock_lost(move |name: &str| {
+            let _ = tx.lock().map(|t| t.send(name.to_owned()));
+        })
+        .build()
+        .expect("client");
+    let sem = c.semaphore("linger");
+    sem.try_set_permits(1).expect("set");
+    sem.acquire(1).expect("warm").release().expect("warm");
+    let p = sem.acquire(1).expect("acquire");
+    let rule = proxy.add_rule(b"redlease_semaphore_released", Fault::BlackHole, usize::MAX);
+    assert!(p.release().is_err(), "the request is swallowed");
+    proxy.wait_hits(rule, 2, WAIT);
+    drop(sem);
+    drop(c);
+    // The thread still tries the release; the callback is gone.
+    assert_eq!(
+        rx.recv_timeout(WAIT),
+        Err(mpsc::RecvTimeoutError::Disconnected),
+        "the callback's sender is dropped with the client"
+    );
+    proxy.remove_rule(rule);
+    wait_until("the pending release to be completed", WAIT, || {
+        available(&srv, "linger") == 1
+    });
+}
+
 /// An acquisition that ran but whose reply was lost is undone in the
 /// background; the client dropped meanwhile, it still is once Redis
 /// answers again: no permit stays out in the name of a caller that was
