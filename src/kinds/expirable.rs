@@ -13,6 +13,7 @@ use crate::engine::shared::{check_lease, Shared};
 use crate::engine::waiting::{Attempt, Wait};
 use crate::error::{Error, Result};
 use crate::kinds::semaphore::{Held, Names, PERMIT_RECHECK};
+use crate::net::pool::Synced;
 use crate::scripts;
 use crate::time::{deadline, duration_ms, warn_limited};
 
@@ -357,7 +358,10 @@ impl Permit {
     ///
     /// [`Error::PermitLost`] if the permit is no longer out (its lease ran
     /// out first, it was released by id, or the semaphore was deleted);
-    /// [`Error::InvalidArgument`] for a lease out of range; a
+    /// [`Error::InvalidArgument`] for a lease out of range;
+    /// [`Error::ReplicaSync`] with replica sync on, if fewer replicas than
+    /// wanted confirmed the new lease (it is set on the master; the guard
+    /// goes by the shorter of the two); a
     /// Redis or pool error (the lease is then known only up to the shorter
     /// of the old and the new one; the permit's next update makes a copy of
     /// this one that is still on its way do nothing).
@@ -384,7 +388,9 @@ impl Permit {
         // connection after a dropped one), an earlier copy may still be on
         // its way whatever the answer.
         let tries = std::cell::Cell::new(0u32);
-        let result = names.router().run(&names.name, |conn| {
+        // Waited for by the replicas where replica sync is on, as a lock's
+        // renewal: a lease a failover could take back is not gone by.
+        let result = names.router().run_synced(&names.name, |conn| {
             tries.set(tries.get() + 1);
             let update = scripts::LeaseUpdate {
                 id: &self.raw,
@@ -415,7 +421,16 @@ impl Permit {
             // the next update.
             st.lost.push((key, sent));
         }
-        let n = result?;
+        let (n, synced) = result?;
+        if let (1, Synced::No { wanted, acked }) = (n, synced) {
+            // Set on the master, not confirmed: a failover may bring the
+            // old lease back. The bound stays at the shorter of the two.
+            return Err(Error::ReplicaSync {
+                name: names.name.clone(),
+                wanted,
+                acked,
+            });
+        }
         if n == 1 {
             if alone {
                 st.valid_until = deadline(sent, lease_ms);

@@ -195,7 +195,9 @@ impl Names {
     pub(crate) fn undo_now(&self, undo: Unsettled) {
         let publish = self.router().publish_command();
         let latch_ms = self.shared().latch_ttl_ms;
-        let done = self.router().run(&self.name, |conn| {
+        // Waited for by the replicas where replica sync is on: an
+        // acquisition a replica has must not outlive its undo there.
+        let done = self.router().run_synced(&self.name, |conn| {
             undo.return_permits(conn, latch_ms, publish)
                 .unwrap_or(Ok(0))
         });

@@ -134,6 +134,41 @@ fn semaphore_and_latch_writes_are_on_the_replica_when_the_call_returns() {
     }
 }
 
+/// An expirable semaphore's lease update waits for the replicas too, as a
+/// lock's renewal: confirmed, the guard goes by the new lease; with the
+/// replica stopped it is reported (`ReplicaSync`) and the guard goes by the
+/// shorter lease, which a failover could bring back.
+#[test]
+fn a_permits_lease_update_is_confirmed_by_the_replicas() {
+    let (master, replica) = master_and_replica();
+    let wait = Duration::from_millis(200);
+    let c = client(&master, wait);
+    let sem = c.permit_expirable_semaphore("sync:lease");
+    assert!(sem.try_set_permits(1).unwrap());
+    let p = sem.acquire(Duration::from_secs(5)).unwrap();
+    p.update_lease(Duration::from_secs(5)).unwrap(); // script loaded
+    let waits = || master.command_stat("wait", "calls");
+    let before = waits();
+    p.update_lease(Duration::from_secs(60)).unwrap();
+    assert_eq!(waits(), before + 1, "the update waited for the replica");
+    assert!(p.valid_until() > Instant::now() + Duration::from_secs(50));
+    let short = p.valid_until();
+    // A shorter lease first (confirmed), then a longer one nobody confirms.
+    p.update_lease(Duration::from_secs(10)).unwrap();
+    let confirmed = p.valid_until();
+    assert!(confirmed < short);
+    replica.pause();
+    let err = p
+        .update_lease(Duration::from_secs(120))
+        .expect_err("no replica confirms");
+    replica.resume();
+    assert!(err.is_replica_sync(), "{err:?}");
+    assert!(
+        p.valid_until() <= confirmed,
+        "the guard went by a lease no replica confirmed"
+    );
+}
+
 /// A replica that does not answer: the acquisition is undone, retried, and
 /// reported as `ReplicaSync`; the lock is not left held. With sync off the
 /// same lock is taken at once.
