@@ -294,7 +294,9 @@ impl Client {
     /// every master, never `KEYS`; it reads every matching key, so give a
     /// pattern on a large database. Keys that are parts of an object (a
     /// fair lock's line, a token, redlease's records) are not listed
-    /// apart.
+    /// apart. A name whose parts cannot be read as its kind's (a key of
+    /// the wrong type where a part belongs) is left out, with a `warn` log
+    /// line; [`inspect`](Client::inspect) on it returns the error.
     ///
     /// # Errors
     ///

@@ -552,3 +552,27 @@ fn a_slow_process_key_node_loses_a_lock_on_a_healthy_node() {
     );
     assert_eq!(stats.locks_lost, 0);
 }
+
+/// One odd key does not hide the rest: a fair lock whose timeouts key is a
+/// string (a key of the wrong type where a part of the family belongs) is
+/// left out of `list`, which lists the other locks; `inspect` on it says
+/// what is wrong.
+#[test]
+fn list_leaves_out_a_name_whose_parts_cannot_be_read() {
+    let srv = RedisServer::start();
+    let c = client(&srv, "odd-parts");
+    srv.cmd(&[
+        "HSET",
+        "good",
+        "8d1f3b9e-1c2d-4e5f-8a9b-0c1d2e3f4a5b:1",
+        "1",
+    ]);
+    srv.cmd(&["HSET", "odd", "u:1", "1"]);
+    srv.cmd(&["RPUSH", "redisson_lock_queue:{odd}", "w:1"]);
+    srv.cmd(&["SET", "redisson_lock_timeout:{odd}", "not-a-zset"]);
+    let found = c.list("*").expect("list despite one odd key");
+    let names: Vec<&str> = found.iter().map(|i| i.name.as_str()).collect();
+    assert!(names.contains(&"good"), "{names:?}");
+    assert!(!names.contains(&"odd"), "{names:?}");
+    assert!(c.inspect("odd").is_err(), "inspect names the problem");
+}
