@@ -25,6 +25,9 @@ use crate::net::setup::{
 };
 use crate::net::transport::TlsOptions;
 
+/// The longest client name accepted ([`ClientBuilder::name`]).
+const MAX_NAME_BYTES: usize = 256;
+
 /// The longest `connection_timeout` or `response_timeout` accepted.
 const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
@@ -664,7 +667,8 @@ impl ClientBuilder {
     /// in this client's process key, so that whoever lists a lock's holders
     /// ([`Lock::holders`](crate::Lock::holders), the `redlease` command)
     /// sees which service holds it. Defaults to none (host and process id
-    /// only). At most 256 bytes.
+    /// only). At most 256 bytes ([`build`](Self::build) fails with
+    /// [`Error::InvalidArgument`] otherwise).
     ///
     /// ```no_run
     /// # fn main() -> redlease::Result<()> {
@@ -729,6 +733,15 @@ impl ClientBuilder {
     pub fn build_lazy(mut self) -> Result<Client> {
         if self.pool_size == 0 {
             return Err(Error::invalid("pool_size must be at least 1, got 0"));
+        }
+        if let Some(name) = &self.name {
+            if name.len() > MAX_NAME_BYTES {
+                return Err(Error::invalid(format!(
+                    "the client's name must be at most {MAX_NAME_BYTES} bytes, got {}: give \
+                     a shorter one (it is written into the client's process key)",
+                    name.len()
+                )));
+            }
         }
         if let Some(n) = self.min_idle.filter(|&n| n > self.pool_size) {
             return Err(Error::invalid(format!(

@@ -904,6 +904,24 @@ fn bad_client_settings_are_rejected() {
     assert!(err.to_string().contains(why), "{err}");
 }
 
+/// The client's name is at most 256 bytes, as documented: a longer one is
+/// refused at build time (it would be written into the process key on
+/// every announce and read by every `holders()`).
+#[test]
+fn a_client_name_over_256_bytes_is_refused() {
+    let ok = Client::builder("redis://127.0.0.1:1/")
+        .name("n".repeat(256))
+        .build_lazy();
+    assert!(ok.is_ok(), "256 bytes: {:?}", ok.err());
+    let err = Client::builder("redis://127.0.0.1:1/")
+        .name("n".repeat(257))
+        .build_lazy()
+        .map(|_| ())
+        .expect_err("a 257-byte name");
+    assert!(err.is_invalid_argument(), "{err:?}");
+    assert!(err.to_string().contains("at most 256 bytes"), "{err}");
+}
+
 /// Huge timeouts are either refused with a message or work; they never
 /// panic (e.g. on `Instant + Duration` overflow in the pool or subscriber).
 #[test]
