@@ -273,14 +273,15 @@ impl fmt::Debug for ExpirableSemaphore {
 }
 
 fn check_permit_lease(lease: Duration) -> Result<()> {
-    check_lease("permit lease", lease)?;
+    // The permit's own cap first: it is below the locks' (2^53 ms), which
+    // would otherwise be named for a lease above both.
     if lease > ExpirableSemaphore::MAX_LEASE {
         return Err(Error::invalid(format!(
             "permit lease must be at most ExpirableSemaphore::MAX_LEASE (100 years), got \
              {lease:?}"
         )));
     }
-    Ok(())
+    check_lease("permit lease", lease)
 }
 
 fn parse_id(id: &str) -> Result<[u8; 16]> {

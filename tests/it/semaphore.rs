@@ -229,6 +229,9 @@ fn bad_input_is_refused_with_a_clear_error() {
         msg.contains("permit lease must be at most ExpirableSemaphore::MAX_LEASE"),
         "{msg}"
     );
+    // Above both caps, the permit's own (100 years) is the one named.
+    let msg = invalid(pes.acquire(Duration::MAX).map(drop), "Duration::MAX");
+    assert!(msg.contains("100 years"), "{msg}");
     let msg = invalid(pes.release("nope").map(drop), "bad id");
     assert!(msg.contains("32 hex digits"), "{msg}");
     assert!(msg.contains("got \"nope\""), "{msg}");
