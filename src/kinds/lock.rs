@@ -483,7 +483,9 @@ impl Lock {
     ///
     /// # Errors
     ///
-    /// Empty name, or a Redis or pool error.
+    /// Empty name; a Redis error, `WRONGTYPE` with nothing deleted when the
+    /// key is not a lock (not a hash: a list, a string...); or a pool
+    /// error.
     pub fn force_unlock(&self) -> Result<bool> {
         self.force_unlock_in("")
     }

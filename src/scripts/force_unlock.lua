@@ -5,14 +5,23 @@
 -- process), '1' for a read-write lock (every waiter)
 -- ARGV[4] a read-write lock's mode ('read', 'write') to delete it only in
 -- (Redisson's RReadLock / RWriteLock forceUnlock), or '' for any
--- Returns 1 if a lock was deleted, else 0. A retry of the same request (same
--- latch) after a lost reply returns the first run's answer.
+-- Returns 1 if a lock was deleted, else 0, or an error (nothing deleted)
+-- when the key is not a hash. A retry of the same request (same latch)
+-- after a lost reply returns the first run's answer.
 local done = redis.call('get', KEYS[3])
 if done then
     return tonumber(done)
 end
 local deleted = 0
 local held = redis.call('exists', KEYS[1]) == 1
+if held then
+    -- A lock is a hash: a key of another type is no lock to delete.
+    local probe = redis.pcall('hexists', KEYS[1], 'mode')
+    if type(probe) == 'table' and probe.err then
+        return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' is not a lock (not a hash): '
+            .. 'force_unlock deletes locks only; delete the key itself if it must go')
+    end
+end
 if held and ARGV[4] ~= '' then
     held = redis.call('hget', KEYS[1], 'mode') == ARGV[4]
 end

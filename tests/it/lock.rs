@@ -904,6 +904,34 @@ fn bad_client_settings_are_rejected() {
     assert!(err.to_string().contains(why), "{err}");
 }
 
+/// `force_unlock` deletes locks only: a key of another type under the
+/// lock's name (a list here) is left alone, with an error that names it;
+/// the fair lock's likewise.
+#[test]
+fn force_unlock_leaves_a_key_that_is_not_a_lock() {
+    let srv = RedisServer::start();
+    let c = Client::open(srv.url()).expect("client");
+    srv.cmd(&["RPUSH", "jobs", "a", "b"]);
+    let err = c
+        .lock("jobs")
+        .force_unlock()
+        .expect_err("a list is no lock");
+    let text = crate::error_chain(&err);
+    assert!(text.contains("jobs is not a lock"), "{text}");
+    assert_eq!(srv.cmd(&["LLEN", "jobs"]), "2", "the list is still there");
+    let err = c
+        .fair_lock("jobs")
+        .force_unlock()
+        .expect_err("a list is no lock");
+    let text = crate::error_chain(&err);
+    assert!(text.contains("jobs is not a lock"), "{text}");
+    assert_eq!(srv.cmd(&["LLEN", "jobs"]), "2", "the list is still there");
+    // A lock is deleted as before.
+    let g = c.lock("real").lock().expect("lock");
+    assert!(c.lock("real").force_unlock().expect("force"));
+    assert!(g.is_lost() || g.unlock().is_err());
+}
+
 /// The client's name is at most 256 bytes, as documented: a longer one is
 /// refused at build time (it would be written into the process key on
 /// every announce and read by every `holders()`).
