@@ -89,11 +89,17 @@ end
 if mine then
     -- A fenced lock's token first: a token key that is not a number, or a
     -- negative one (someone else wrote it: tokens never are), fails the
-    -- call here, with nothing of the lock written.
+    -- call here, with nothing of the lock written and the key as it was.
     local token
     if fenced then
-        token = redis.call('incr', KEYS[3])
+        token = redis.pcall('incr', KEYS[3])
+        if type(token) == 'table' and token.err then
+            return redis.error_reply('ERR the fencing token key ' .. KEYS[3]
+                .. ' does not hold a whole number (' .. token.err .. '): '
+                .. 'delete the key or set it to the last token handed out')
+        end
         if token < 0 then
+            redis.pcall('decr', KEYS[3])
             return redis.error_reply('ERR the fencing token key ' .. KEYS[3]
                 .. ' holds a negative number; fencing tokens are never negative: '
                 .. 'delete the key or set it to the last token handed out')

@@ -58,14 +58,16 @@ fn detail(err: &redlease::Error) -> String {
 
 /// A token key that is not a number, or a negative one (someone else
 /// wrote it: tokens never are), fails the acquisition with an error that
-/// says so and nothing of the lock written: no hold is left in the name of
-/// a caller told it failed. A re-entry the same way.
+/// names the key and says so, with nothing of the lock written and the
+/// token key as it was: no hold is left in the name of a caller told it
+/// failed, and failed tries do not walk a negative token up to 0. A
+/// re-entry the same way.
 #[test]
 fn a_token_key_that_is_not_a_number_fails_with_nothing_held() {
     let srv = RedisServer::start();
     let c = Client::open(srv.url()).expect("client");
     for (value, says) in [
-        ("not-a-number", "not an integer"),
+        ("not-a-number", "does not hold a whole number"),
         ("-5", "holds a negative number"),
     ] {
         srv.cmd(&["SET", TOKEN_KEY, value]);
@@ -74,6 +76,15 @@ fn a_token_key_that_is_not_a_number_fails_with_nothing_held() {
             .try_lock()
             .expect_err("no token to take");
         assert!(detail(&err).contains(says), "{value}: {err}");
+        assert!(
+            detail(&err).contains(TOKEN_KEY),
+            "{value}: names the key: {err}"
+        );
+        assert_eq!(
+            srv.cmd(&["GET", TOKEN_KEY]),
+            value,
+            "{value}: the token key is as it was"
+        );
         assert_eq!(
             srv.cmd(&["EXISTS", "ledger"]),
             "0",
