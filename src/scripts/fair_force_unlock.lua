@@ -13,8 +13,10 @@ end
 local held = redis.call('exists', KEYS[1])
 if held == 1 then
     -- A lock is a hash: a key of another type is no lock to delete.
+    -- (Another refusal, say an ACL without HEXISTS, tells nothing: the
+    -- key is taken for a lock, as before.)
     local probe = redis.pcall('hexists', KEYS[1], 'mode')
-    if type(probe) == 'table' and probe.err then
+    if type(probe) == 'table' and probe.err and string.find(probe.err, 'WRONGTYPE', 1, true) then
         return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' is not a lock (not a hash): '
             .. 'force_unlock deletes locks only; delete the key itself if it must go')
     end
