@@ -492,37 +492,11 @@ fn a_lost_expirable_acquire_reply_leaves_no_permit_out() {
 /// A release whose requests Redis does not answer is completed in the
 /// background; the client dropped meanwhile, it still is once Redis
 /// answers again (a plain semaphore's permits have no lease: given up, they
-/// would be out for good).
+/// would be out for good). Meanwhile the watchdog thread keeps nothing of
+/// the caller's: the `on_lock_lost` callback (and what it owns, here a
+/// channel's sender) goes with the client, not up to 15 minutes later.
 #[test]
 fn a_pending_release_is_completed_after_the_client_is_dropped() {
-    let srv = RedisServer::start();
-    let proxy = Proxy::start(srv.addr());
-    let c = impatient(&proxy.url());
-    let sem = c.semaphore("gone");
-    sem.try_set_permits(1).expect("set");
-    sem.acquire(1).expect("warm").release().expect("warm");
-    let p = sem.acquire(1).expect("acquire");
-    let rule = proxy.add_rule(b"redlease_semaphore_released", Fault::BlackHole, usize::MAX);
-    assert!(p.release().is_err(), "the request is swallowed");
-    // The background has tried again (and failed) at least once.
-    proxy.wait_hits(rule, 2, WAIT);
-    assert_eq!(c.stats().unsettled_requests, 1);
-    drop(sem);
-    drop(c);
-    proxy.remove_rule(rule);
-    wait_until(
-        "the pending release to be completed once Redis answers again",
-        WAIT,
-        || available(&srv, "gone") == 1,
-    );
-}
-
-/// While the watchdog thread goes on returning permits after the client
-/// was dropped, it keeps nothing of the caller's: the `on_lock_lost`
-/// callback (and what it owns, here a channel's sender) is dropped with
-/// the client, not up to 15 minutes later.
-#[test]
-fn a_lingering_watchdog_drops_the_lost_callback_with_the_client() {
     let srv = RedisServer::start();
     let proxy = Proxy::start(srv.addr());
     let (tx, rx) = mpsc::channel::<String>();
@@ -534,25 +508,28 @@ fn a_lingering_watchdog_drops_the_lost_callback_with_the_client() {
         })
         .build()
         .expect("client");
-    let sem = c.semaphore("linger");
+    let sem = c.semaphore("gone");
     sem.try_set_permits(1).expect("set");
     sem.acquire(1).expect("warm").release().expect("warm");
     let p = sem.acquire(1).expect("acquire");
     let rule = proxy.add_rule(b"redlease_semaphore_released", Fault::BlackHole, usize::MAX);
     assert!(p.release().is_err(), "the request is swallowed");
+    // The background has tried again (and failed) at least once.
     proxy.wait_hits(rule, 2, WAIT);
+    assert_eq!(c.stats().unsettled_requests, 1);
     drop(sem);
     drop(c);
-    // The thread still tries the release; the callback is gone.
     assert_eq!(
         rx.recv_timeout(WAIT),
         Err(mpsc::RecvTimeoutError::Disconnected),
         "the callback's sender is dropped with the client"
     );
     proxy.remove_rule(rule);
-    wait_until("the pending release to be completed", WAIT, || {
-        available(&srv, "linger") == 1
-    });
+    wait_until(
+        "the pending release to be completed once Redis answers again",
+        WAIT,
+        || available(&srv, "gone") == 1,
+    );
 }
 
 /// An acquisition that ran but whose reply was lost is undone in the
