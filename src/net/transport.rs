@@ -216,6 +216,16 @@ impl Endpoint {
                         "redis refused the credentials",
                         format!("{text} (user {user:?})"),
                     )),
+                    // A database the server does not have: no retry fixes
+                    // it (a refusal, reported at once).
+                    "SELECT" => RedisError::from((
+                        ErrorKind::InvalidClientConfig,
+                        "redis refused the database number",
+                        format!(
+                            "SELECT {}: {text}: give one the server has (its `databases` setting)",
+                            self.db
+                        ),
+                    )),
                     what => {
                         let kind = e.kind().map_or(ErrorKind::Extension, ErrorKind::Server);
                         RedisError::from((

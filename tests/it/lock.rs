@@ -932,6 +932,27 @@ fn force_unlock_leaves_a_key_that_is_not_a_lock() {
     assert!(g.is_lost() || g.unlock().is_err());
 }
 
+/// A database the server does not have is refused at once, with Redis's
+/// reason and what to change, not after the connection timeout as if
+/// Redis were unreachable.
+#[test]
+fn a_database_the_server_does_not_have_is_refused_with_its_reason() {
+    let srv = RedisServer::start();
+    let url = format!("redis://127.0.0.1:{}/16", srv.port());
+    let err = Client::builder(url.as_str())
+        .connection_timeout(Duration::from_secs(5))
+        .build()
+        .map(|_| ())
+        .expect_err("the server has 16 databases, 0 to 15");
+    let text = crate::error_chain(&err);
+    assert!(text.contains("DB index is out of range"), "{text}");
+    assert!(text.contains("databases"), "{text}");
+    assert!(
+        !err.is_timeout() && !err.is_connection_error(),
+        "a refusal, not an outage: {text}"
+    );
+}
+
 /// The client's name is at most 256 bytes, as documented: a longer one is
 /// refused at build time (it would be written into the process key on
 /// every announce and read by every `holders()`).
