@@ -426,6 +426,9 @@ pub(crate) fn token_name(name: &str) -> String {
 /// when holds remain, `Some(1)` when the lock was deleted. `unsettled` as
 /// for [`Acquire`]; `left` holds remain after it, with `lease_ms` re-applied;
 /// the latch lives `latch_ms`; `publish` is the publish command.
+/// `unlatched`: a full release of a reentrant lock, handing nothing over, of
+/// the hold with this generation, sent without a latch (see release.lua):
+/// sent once, never again after a lost reply.
 pub(crate) struct Release<'a> {
     pub(crate) lock: LockRef<'a>,
     pub(crate) latch: &'a str,
@@ -434,6 +437,7 @@ pub(crate) struct Release<'a> {
     pub(crate) lease_ms: u64,
     pub(crate) latch_ms: u64,
     pub(crate) gen: u64,
+    pub(crate) unlatched: Option<u64>,
     pub(crate) publish: &'a str,
     /// A read hold's key prefix ([`LockRef::hold_prefix`]).
     pub(crate) prefix: &'a str,
@@ -485,17 +489,18 @@ impl Release<'_> {
             }
             cmd.arg(g.marker);
         }
-        cmd.arg(self.lock.field)
-            .arg(self.left)
-            .arg(self.lease_ms)
-            .arg(self.latch_ms);
-        // release.lua writes the generation only while holds remain: a full
-        // release sends none (a new string costs Redis's Lua an allocation
-        // and its collection); rw_release.lua uses it either way.
-        if self.left == 0 && !self.lock.kind.is_rw() {
-            cmd.arg("");
+        cmd.arg(self.lock.field).arg(self.left).arg(self.lease_ms);
+        if let Some(gen) = self.unlatched {
+            // No latch TTL; the generation the hold carries.
+            cmd.arg("").arg(gen);
+        } else if self.left == 0 && !self.lock.kind.is_rw() {
+            // release.lua writes the generation only while holds remain: a
+            // full release sends none (a new string costs Redis's Lua an
+            // allocation and its collection); rw_release.lua uses it either
+            // way.
+            cmd.arg(self.latch_ms).arg("");
         } else {
-            cmd.arg(self.gen);
+            cmd.arg(self.latch_ms).arg(self.gen);
         }
         cmd.arg(self.publish);
         if self.lock.kind.is_rw() {

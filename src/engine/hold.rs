@@ -208,6 +208,10 @@ pub(crate) struct Hold {
     /// Owned by its acquisition, not by a thread (`Lock::owned`): in no
     /// thread's registry of holds, never re-entered.
     pub(crate) owned: bool,
+    /// A request of the hold whose reply was lost was settled: Redis may
+    /// carry a generation for it that the hold did not record (a partial
+    /// release completed in the background writes its own).
+    settled_lost: AtomicBool,
 }
 
 /// A hold's lost-listeners: one word, as most holds have none.
@@ -257,6 +261,7 @@ impl Hold {
             lost: AtomicBool::new(false),
             released: AtomicBool::new(false),
             lost_release_sent: AtomicBool::new(false),
+            settled_lost: AtomicBool::new(false),
             lost_listeners: Mutex::new(None),
         }
     }
@@ -443,8 +448,25 @@ impl Hold {
         }
     }
 
+    /// The generation Redis holds for this hold, when that is certain: known,
+    /// no lease-setting request of the hold in flight or unsettled, and none
+    /// ever settled after a lost reply (each of those may have written one
+    /// that the hold did not record).
+    pub(crate) fn settled_gen(&self) -> Option<u64> {
+        if self.settled_lost.load(Ordering::Acquire) {
+            return None;
+        }
+        let st = self.lease.lock();
+        if st.busy == 0 {
+            st.gen()
+        } else {
+            None
+        }
+    }
+
     /// A request of this hold whose reply was lost is settled now.
     pub(crate) fn unbusy(&self) {
+        self.settled_lost.store(true, Ordering::Release);
         self.aborted();
     }
 

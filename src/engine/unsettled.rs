@@ -180,6 +180,7 @@ impl Unsettled {
                 lease_ms: self.capped(lease_ms, now),
                 latch_ms: scripts::LATE_REQUEST_WINDOW_MS,
                 gen,
+                unlatched: None,
                 publish,
                 prefix: &self.lock_ref().hold_prefix(),
                 grant: None,

@@ -263,6 +263,11 @@ impl Held {
                     && matches!(self.hold.kind, Kind::Plain | Kind::Fenced)
                 {
                     step.request.grant = self.shared.grants.claim(self.hold.name());
+                    // Handing nothing over, with the hold's generation
+                    // certain: no latch (release.lua).
+                    if step.request.grant.is_none() {
+                        step.request.unlatched = self.hold.settled_gen();
+                    }
                 }
                 let reply = self.send(&step.request);
                 // At once: the waiter's wait is bounded by this round trip
@@ -402,13 +407,14 @@ impl Held {
             left,
             lease_ms,
             grant: None,
+            unlatched: None,
         }
     }
 
     /// The release script command of `r` (EVALSHA), for a round trip
     /// shared with other requests.
     pub(crate) fn release_command(&self, r: &ReleaseRequest) -> redis::Cmd {
-        self.release_script(r, None).command()
+        self.release_script(r, None, r.unlatched).command()
     }
 
     /// The release script's request for `r` (`token_key`: a fenced lock's,
@@ -417,6 +423,7 @@ impl Held {
         &'a self,
         r: &'a ReleaseRequest,
         token_key: Option<&'a str>,
+        unlatched: Option<u64>,
     ) -> scripts::Release<'a> {
         let shared = &self.shared;
         scripts::Release {
@@ -427,6 +434,7 @@ impl Held {
             lease_ms: r.lease_ms,
             latch_ms: shared.latch_ttl_ms,
             gen: r.n,
+            unlatched,
             publish: shared.router.publish_command(),
             prefix: self.hold.prefix(),
             grant: r.grant.as_ref().map(|c| {
@@ -459,12 +467,44 @@ impl Held {
             .as_ref()
             .filter(|c| c.offer().kind == Kind::Fenced)
             .map(|_| scripts::token_name(hold.name()));
-        let script = self.release_script(r, token_key.as_deref());
-        // A release fewer replicas confirmed is still done on the master: at
-        // worst a failover brings the lock back until its lease runs out.
-        self.shared
-            .router
-            .run_synced(hold.name(), |conn| script.run(conn))
+        let run = |unlatched: Option<u64>| {
+            let script = self.release_script(r, token_key.as_deref(), unlatched);
+            let mut tries = 0u32;
+            // A release fewer replicas confirmed is still done on the
+            // master: at worst a failover brings the lock back until its
+            // lease runs out.
+            let (reply, synced) = self.shared.router.run_synced(hold.name(), |conn| {
+                tries += 1;
+                script.run(conn)
+            })?;
+            Ok::<_, Error>((reply, synced, tries))
+        };
+        let Some(gen) = r.unlatched else {
+            return run(None).map(|(reply, synced, _)| (reply, synced));
+        };
+        match run(Some(gen))? {
+            // Held with another generation than the hold recorded (nothing
+            // was done): released as usual, with a latch.
+            (ReleaseReply { code: Some(3), .. }, _, _) => {
+                log::debug!(
+                    "lock {:?}: the owner's field carries another generation than \
+                     {gen}; releasing it with a latch",
+                    hold.name()
+                );
+                run(None).map(|(reply, synced, _)| (reply, synced))
+            }
+            // Sent again (its connection was gone, or a failover refused
+            // it), and the hold was gone: most likely its first copy ran and
+            // its reply was lost. Its lease could not have run out yet (a
+            // release past its bound is reported lost all the same): only a
+            // force-unlock, or a failover that lost the hold, in that same
+            // instant would be missed.
+            (mut reply, synced, tries) if tries > 1 && reply.code.is_none() => {
+                reply.code = Some(1);
+                Ok((reply, synced))
+            }
+            (reply, synced, _) => Ok((reply, synced)),
+        }
     }
 
     /// Records the outcome of release `r` on the hold. A release that did
@@ -526,6 +566,9 @@ pub(crate) struct ReleaseRequest {
     lease_ms: u64,
     /// The waiting thread of this client it may hand the lock to.
     grant: Option<Claim>,
+    /// Sent without a latch: a full release that hands nothing over, of the
+    /// hold with this generation (release.lua).
+    unlatched: Option<u64>,
 }
 
 /// What a release that may have handed the lock over did for its waiter:

@@ -1314,3 +1314,46 @@ fn shorter_reentry_lease_bounds_ensure_held() {
     });
     assert!(b.is_lost());
 }
+
+/// A release of a hold whose generation the client is sure of goes without
+/// an unlock latch (release.lua: it releases only that generation, so a late
+/// copy cannot touch a later hold): nothing is left behind but the release.
+/// A hold whose owner field carries another generation than the client
+/// recorded (one written by a request the client could not follow) is
+/// still released, with a latch, and not reported lost.
+#[test]
+fn a_release_leaves_no_latch_and_releases_a_hold_of_another_generation() {
+    let srv = RedisServer::start();
+    let client = client(&srv);
+    let mut conn = srv.conn();
+    let lock = client.lock("gen:other");
+    lock.lock().unwrap().unlock().expect("first release");
+    lock.lock_with_lease(Duration::from_secs(30))
+        .unwrap()
+        .unlock()
+        .expect("second release");
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    let keys: Vec<&String> = keys
+        .iter()
+        .filter(|k| !k.starts_with("redlease_client:"))
+        .collect();
+    assert!(keys.is_empty(), "keys left after two releases: {keys:?}");
+
+    let g = lock.lock().unwrap();
+    let owners = hgetall(&mut conn, "gen:other");
+    let field = String::from_utf8(owners.keys().next().expect("the owner field").clone()).unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg("gen:other")
+        .arg(format!("{field}:gen"))
+        .arg("123456789")
+        .query(&mut conn)
+        .unwrap();
+    g.unlock()
+        .expect("a hold of another generation is released, not reported lost");
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg("gen:other")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(exists, 0, "the lock hash is still there");
+    assert!(lock.try_lock().unwrap().is_some(), "the lock is free again");
+}
