@@ -398,14 +398,18 @@ fn read_leases(router: &Router, name: &str, holders: &mut [Holder]) -> Result<()
 /// clients are not recorded.
 pub(crate) fn semaphore_holders(shared: &Shared, name: &str) -> Result<Vec<Holder>> {
     let records = scripts::semaphore_records_name(name);
-    let fields: Vec<(String, u64)> = shared
+    // Bytes: a record someone overwrote with text that is no count names
+    // no holder (and fails nothing).
+    let fields: Vec<(Vec<u8>, Vec<u8>)> = shared
         .router
         .run(name, |c| redis::cmd("HGETALL").arg(&records).query(c))?;
     let mut holders: Vec<Holder> = fields
         .into_iter()
-        .map(|(owner, count)| {
+        .filter_map(|(owner, count)| {
+            let owner = String::from_utf8(owner).ok()?;
+            let count = std::str::from_utf8(&count).ok()?.parse().ok()?;
             let (client_id, owner_id) = split_owner(&owner);
-            Holder {
+            Some(Holder {
                 owner,
                 client_id,
                 owner_id,
@@ -413,7 +417,7 @@ pub(crate) fn semaphore_holders(shared: &Shared, name: &str) -> Result<Vec<Holde
                 count,
                 remaining_lease: None,
                 process: None,
-            }
+            })
         })
         .collect();
     with_processes(&shared.router, &mut holders)?;
@@ -639,7 +643,16 @@ pub(crate) fn inspect(shared: &Shared, name: &str) -> Result<Inspection> {
         _ => ObjectKind::Other(kind.clone()),
     };
     if fenced {
-        let t: Option<i64> = router.run(name, |c| redis::cmd("GET").arg(&token).query(c))?;
+        // Bytes: a token key someone overwrote with text is no token (and
+        // no reason to fail the whole inspection).
+        let t: Option<Vec<u8>> = router.run(name, |c| redis::cmd("GET").arg(&token).query(c))?;
+        let t = t.and_then(|t| {
+            let n = std::str::from_utf8(&t).ok()?.parse().ok();
+            if n.is_none() {
+                log::warn!("the fencing token key {token:?} holds no number; left out");
+            }
+            n
+        });
         found.value = found.value.or(t);
     }
     if found.kind == ObjectKind::FairLock {

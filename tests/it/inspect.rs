@@ -576,3 +576,40 @@ fn list_leaves_out_a_name_whose_parts_cannot_be_read() {
     assert!(!names.contains(&"odd"), "{names:?}");
     assert!(c.inspect("odd").is_err(), "inspect names the problem");
 }
+
+/// Parts of a lock or semaphore that someone else overwrote with text that is
+/// no number (a fencing token, a permit record's count) do not fail the
+/// inspection with a conversion error naming no key: the token is left out,
+/// the record names no holder, and the rest is read as usual.
+#[test]
+fn inspect_survives_a_token_and_a_permit_record_that_are_no_numbers() {
+    let srv = RedisServer::start();
+    let c = Client::open(srv.url().as_str()).expect("client");
+    let _g = c.fenced_lock("gt:fenced").lock().expect("fenced lock");
+    srv.cmd(&["SET", "redisson_lock_token:{gt:fenced}", "not-a-number"]);
+    let found = c
+        .inspect("gt:fenced")
+        .expect("inspect of a fenced lock whose token is text");
+    assert_eq!(found.kind, ObjectKind::FencedLock);
+    assert_eq!(found.value, None, "no token read from text");
+    assert_eq!(found.holders.len(), 1, "{found:?}");
+
+    let sem = c.semaphore("gt:sem");
+    assert!(sem.try_set_permits(3).expect("set permits"));
+    let _permits = sem.acquire(2).expect("two permits");
+    srv.cmd(&[
+        "HSET",
+        "redlease_semaphore_permits:{gt:sem}",
+        "someone:1",
+        "lots",
+    ]);
+    let found = c
+        .inspect("gt:sem")
+        .expect("inspect of a semaphore with a text record");
+    assert_eq!(
+        found.holders.len(),
+        1,
+        "only the readable record: {found:?}"
+    );
+    assert_eq!(found.holders[0].count, 2);
+}
