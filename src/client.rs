@@ -494,7 +494,7 @@ impl ClientBuilder {
     }
 
     /// For a [`Client::sentinel_builder`]: the database number on the data
-    /// nodes. Defaults to 0.
+    /// nodes, 0 or more (a negative one fails `build()`). Defaults to 0.
     pub fn master_db(mut self, db: i64) -> Self {
         if let Some(s) = &mut self.servers.sentinel {
             s.db = db;

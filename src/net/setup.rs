@@ -146,6 +146,12 @@ pub(crate) fn router(servers: &mut Servers, settings: &Settings) -> Result<(Arc<
         None => {
             let info = servers.info.clone().map_err(bad_url)?;
             let server = describe(&info);
+            if info.redis_settings().db() < 0 {
+                return Err(Error::InvalidUrl(format!(
+                    "{server}: a database number is 0 or more (0 unless the url names \
+                     another, as in redis://host:6379/1)"
+                )));
+            }
             let endpoint = Endpoint::new(&info, &settings.tls)
                 .map_err(|e| Error::InvalidUrl(format!("{server}: {e}")))?;
             (Target::Fixed(endpoint), server)
@@ -158,6 +164,12 @@ pub(crate) fn router(servers: &mut Servers, settings: &Settings) -> Result<(Arc<
             }
             if s.master_name.is_empty() {
                 return Err(Error::invalid("sentinel master name must not be empty"));
+            }
+            if s.db < 0 {
+                return Err(Error::invalid(format!(
+                    "master_db({}): a database number is 0 or more",
+                    s.db
+                )));
             }
             let mut sentinels = Vec::with_capacity(s.sentinels.len());
             let mut template = None;

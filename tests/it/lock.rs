@@ -953,6 +953,26 @@ fn a_database_the_server_does_not_have_is_refused_with_its_reason() {
     );
 }
 
+/// A negative database number is refused when the client is built, lazily
+/// or not, with what to write instead (before, `build_lazy` took it and the
+/// first call failed at the handshake).
+#[test]
+fn a_negative_database_is_refused_at_build_time() {
+    let err = Client::builder("redis://127.0.0.1:1/-1")
+        .build_lazy()
+        .map(|_| ())
+        .expect_err("database -1");
+    assert!(matches!(err, Error::InvalidUrl(_)), "{err:?}");
+    assert!(err.to_string().contains("0 or more"), "{err}");
+    let err = Client::sentinel_builder(["redis://127.0.0.1:1/"], "mymaster")
+        .master_db(-1)
+        .build_lazy()
+        .map(|_| ())
+        .expect_err("master_db(-1)");
+    assert!(err.is_invalid_argument(), "{err:?}");
+    assert!(err.to_string().contains("0 or more"), "{err}");
+}
+
 /// The client's name is at most 256 bytes, as documented: a longer one is
 /// refused at build time (it would be written into the process key on
 /// every announce and read by every `holders()`).
