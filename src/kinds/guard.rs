@@ -469,15 +469,23 @@ impl Held {
             .map(|_| scripts::token_name(hold.name()));
         let run = |unlatched: Option<u64>| {
             let script = self.release_script(r, token_key.as_deref(), unlatched);
+            // Whether an earlier try may have reached Redis and run: only a
+            // try that failed on the connection (not a refusal such as
+            // MOVED/READONLY, nor a checkout that never sent anything).
+            let mut maybe_ran = false;
             let mut tries = 0u32;
             // A release fewer replicas confirmed is still done on the
             // master: at worst a failover brings the lock back until its
             // lease runs out.
             let (reply, synced) = self.shared.router.run_synced(hold.name(), |conn| {
                 tries += 1;
-                script.run(conn)
+                let r = script.run(conn);
+                if let Err(e) = &r {
+                    maybe_ran |= crate::error::is_io_failure(e);
+                }
+                r
             })?;
-            Ok::<_, Error>((reply, synced, tries))
+            Ok::<_, Error>((reply, synced, tries > 1 && maybe_ran))
         };
         let Some(gen) = r.unlatched else {
             return run(None).map(|(reply, synced, _)| (reply, synced));
@@ -493,13 +501,18 @@ impl Held {
                 );
                 run(None).map(|(reply, synced, _)| (reply, synced))
             }
-            // Sent again (its connection was gone, or a failover refused
-            // it), and the hold was gone: most likely its first copy ran and
-            // its reply was lost. Its lease could not have run out yet (a
-            // release past its bound is reported lost all the same): only a
-            // force-unlock, or a failover that lost the hold, in that same
-            // instant would be missed.
-            (mut reply, synced, tries) if tries > 1 && reply.code.is_none() => {
+            // Sent again after a try that failed on its connection (so may
+            // have run, its reply lost), and the hold was gone, answered
+            // within the hold's bound (its lease cannot have run out): the
+            // first copy ran. Only a force-unlock, or a failover that lost
+            // the hold, between the first copy and the resend would be
+            // missed. A try Redis refused (MOVED, READONLY) did not run, and
+            // past the bound the lease may have run out: "not held" stands.
+            (mut reply, synced, resent_after_io_failure)
+                if resent_after_io_failure
+                    && reply.code.is_none()
+                    && Instant::now() < hold.valid_until() =>
+            {
                 reply.code = Some(1);
                 Ok((reply, synced))
             }

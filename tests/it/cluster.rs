@@ -862,3 +862,42 @@ fn the_lock_family_works_on_every_master() {
         "no script touched two slots"
     );
 }
+
+/// The lock's slot moved to another master and the hold was then deleted
+/// there (as a force-unlock would). The release goes to the old master, is
+/// refused with MOVED (it did not run), follows it and finds the hold gone:
+/// `unlock()` reports `LockLost`, as on a single server (found by review: a
+/// release sent more than once that found nothing was taken for
+/// "released", even when the first try was refused).
+#[test]
+fn a_release_redirected_to_a_deleted_hold_reports_lost() {
+    let cluster = Cluster::start(3, 0);
+    let a = Client::cluster_builder(cluster.seeds())
+        .build()
+        .expect("client a");
+    let name = "moved:deleted";
+    let g = a
+        .lock(name)
+        .lock_with_lease(Duration::from_secs(30))
+        .expect("a holds");
+    let slot = cluster.slot_of(name);
+    let from = cluster.master_of_slot(slot);
+    let to = cluster
+        .masters()
+        .into_iter()
+        .find(|m| !std::ptr::eq(*m, from))
+        .expect("another master");
+    cluster.migrate_slot(slot, to);
+    assert_eq!(to.cmd(&["DEL", name]), "1", "the lock moved with its slot");
+    let moved_before = cluster.errorstat("MOVED");
+    let r = g.unlock();
+    let moved = cluster.errorstat("MOVED") - moved_before;
+    assert!(
+        moved >= 1,
+        "inconclusive: the client's slot map was read again first"
+    );
+    assert!(
+        matches!(&r, Err(e) if e.is_lock_lost()),
+        "a's hold was deleted before its release, yet unlock() returned {r:?}"
+    );
+}

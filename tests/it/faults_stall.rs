@@ -573,8 +573,8 @@ fn late_release_does_not_free_a_later_hold() {
     let mut monitor = Monitor::start(&srv);
 
     // Only the release is held back (3 s), on the connection it came on.
-    let latch = b"redisson_unlock_latch:{late:release}";
-    let rule = proxy.add_rule(latch, Fault::DelayRequest(Duration::from_secs(3)), 1);
+    let release = b"redisson_lock__channel:{late:release}";
+    let rule = proxy.add_rule(release, Fault::DelayRequest(Duration::from_secs(3)), 1);
     let r = g.unlock();
     assert!(
         r.is_err(),
@@ -607,7 +607,7 @@ fn late_release_does_not_free_a_later_hold() {
     monitor.wait_for(
         "the delayed copy of the release to reach redis",
         |l| {
-            is_script_call(l, "redisson_unlock_latch")
+            is_script_call(l, "redisson_lock__channel")
                 && Monitor::client_of(l).is_some_and(|a| held_back.iter().any(|h| h == a))
         },
         1,
@@ -712,5 +712,64 @@ fn a_fair_waiter_on_a_stalled_redis_returns_within_its_bound() {
                 .unwrap_or(1)
                 == 0
         },
+    );
+}
+
+/// A full release (sent without a latch) that never reached Redis: the proxy
+/// holds it back, the explicit lease runs out meanwhile, another client
+/// takes the lock, then the connection is cut (the request is never
+/// forwarded). The pool sends it again on a new connection, which finds the
+/// hold gone: `unlock()` reports `LockLost`, as the latched release did
+/// (found by review: "sent again and found nothing" was taken for
+/// "released" even past the hold's bound).
+#[test]
+fn a_release_sent_again_after_the_lease_ran_out_reports_lost() {
+    let srv = RedisServer::start();
+    let proxy = Proxy::start(srv.addr());
+    let a = Client::builder(proxy.url())
+        .response_timeout(Duration::from_secs(4))
+        .connection_timeout(Duration::from_secs(1))
+        .build()
+        .expect("client a");
+    // Scripts loaded, pool warm.
+    a.lock("warm").lock().unwrap().unlock().unwrap();
+    let name = "resent:lost";
+    let lease = Duration::from_millis(800);
+    let taken = Instant::now();
+    let g = a.lock(name).lock_with_lease(lease).expect("a holds");
+    let rule = proxy.add_rule(
+        b"redisson_lock__channel:{resent:lost}",
+        Fault::DelayRequest(Duration::from_secs(3)),
+        1,
+    );
+    let (done, done_rx) = mpsc::channel::<()>();
+    let url = srv.url();
+    let proxy = &proxy;
+    let r = thread::scope(|scope| {
+        let other = scope.spawn(move || {
+            proxy.wait_hits(rule, 1, Duration::from_secs(2));
+            // A's lease runs out; B takes the lock.
+            let b = Client::builder(url).build().expect("client b");
+            let gb = b
+                .lock(name)
+                .try_lock_for(Duration::from_secs(3))
+                .expect("b tries")
+                .expect("b holds once a's lease ran out");
+            // The held-back release is dropped with its connection.
+            proxy.cut();
+            done_rx.recv().ok();
+            gb.ensure_held().expect("b still holds");
+        });
+        // Not past its bound when the release begins.
+        assert!(taken.elapsed() < lease / 2);
+        let r = g.unlock();
+        done.send(()).unwrap();
+        other.join().expect("b's thread");
+        r
+    });
+    assert!(
+        matches!(&r, Err(e) if e.is_lock_lost()),
+        "a's lease ran out and b held the lock before a's release reached redis, \
+         yet unlock() returned {r:?}"
     );
 }
