@@ -52,6 +52,13 @@ lua!(
     "scripts/release_plain.lua",
     "scripts/release.lua"
 );
+// The reentrant lock's usual release, without a latch.
+lua!(
+    RELEASE_FULL,
+    "scripts/queue_lib.lua",
+    "scripts/queue_wake.lua",
+    "scripts/release_full.lua"
+);
 lua!(
     LEAVE,
     "scripts/queue_lib.lua",
@@ -426,9 +433,10 @@ pub(crate) fn token_name(name: &str) -> String {
 /// when holds remain, `Some(1)` when the lock was deleted. `unsettled` as
 /// for [`Acquire`]; `left` holds remain after it, with `lease_ms` re-applied;
 /// the latch lives `latch_ms`; `publish` is the publish command.
-/// `unlatched`: a full release of a reentrant lock, handing nothing over, of
-/// the hold with this generation, sent without a latch (see release.lua):
-/// sent once, never again after a lost reply.
+/// `unlatched`: a full release of a reentrant lock, handing nothing over,
+/// with no unsettled keys, of the hold with this generation: sent without a
+/// latch (release_full.lua; the other fields but `lock` and `publish` go
+/// unused).
 pub(crate) struct Release<'a> {
     pub(crate) lock: LockRef<'a>,
     pub(crate) latch: &'a str,
@@ -489,18 +497,17 @@ impl Release<'_> {
             }
             cmd.arg(g.marker);
         }
-        cmd.arg(self.lock.field).arg(self.left).arg(self.lease_ms);
-        if let Some(gen) = self.unlatched {
-            // No latch TTL; the generation the hold carries.
-            cmd.arg("").arg(gen);
-        } else if self.left == 0 && !self.lock.kind.is_rw() {
-            // release.lua writes the generation only while holds remain: a
-            // full release sends none (a new string costs Redis's Lua an
-            // allocation and its collection); rw_release.lua uses it either
-            // way.
-            cmd.arg(self.latch_ms).arg("");
+        cmd.arg(self.lock.field)
+            .arg(self.left)
+            .arg(self.lease_ms)
+            .arg(self.latch_ms);
+        // release.lua writes the generation only while holds remain: a full
+        // release sends none (a new string costs Redis's Lua an allocation
+        // and its collection); rw_release.lua uses it either way.
+        if self.left == 0 && !self.lock.kind.is_rw() {
+            cmd.arg("");
         } else {
-            cmd.arg(self.latch_ms).arg(self.gen);
+            cmd.arg(self.gen);
         }
         cmd.arg(self.publish);
         if self.lock.kind.is_rw() {
@@ -520,7 +527,27 @@ impl Release<'_> {
         }
     }
 
+    /// release_full.lua's keys and arguments (see `unlatched`).
+    fn fill_full(&self, cmd: &mut Cmd, gen: u64) {
+        cmd.arg(self.lock.name)
+            .arg(self.lock.channel)
+            .arg(queue_name(self.lock.name))
+            .arg(self.lock.field)
+            .arg(gen)
+            .arg(self.publish);
+    }
+
+    fn fill_any(&self, cmd: &mut Cmd) {
+        match self.unlatched {
+            Some(gen) => self.fill_full(cmd, gen),
+            None => self.fill(cmd),
+        }
+    }
+
     fn keys(&self) -> usize {
+        if self.unlatched.is_some() {
+            return 3;
+        }
         let extra = match self.lock.kind {
             Kind::Fair => 3,
             Kind::Plain | Kind::Fenced => 1,
@@ -533,6 +560,9 @@ impl Release<'_> {
     }
 
     fn script(&self) -> &'static Lua {
+        if self.unlatched.is_some() {
+            return &RELEASE_FULL;
+        }
         match self.lock.kind {
             Kind::Read | Kind::Write => &RW_RELEASE,
             Kind::Fair => &FAIR_RELEASE,
@@ -545,13 +575,16 @@ impl Release<'_> {
         &self,
         conn: &mut crate::net::transport::Connection,
     ) -> RedisResult<ReleaseReply> {
-        ReleaseReply::parse(self.script().run(conn, self.keys(), |cmd| self.fill(cmd))?)
+        ReleaseReply::parse(
+            self.script()
+                .run(conn, self.keys(), |cmd| self.fill_any(cmd))?,
+        )
     }
 
     /// Its EVALSHA command, for a round trip shared with other requests.
     pub(crate) fn command(&self) -> Cmd {
         self.script()
-            .evalsha(self.keys(), 512, |cmd| self.fill(cmd))
+            .evalsha(self.keys(), 512, |cmd| self.fill_any(cmd))
     }
 }
 
@@ -1143,8 +1176,15 @@ mod tests {
 
     #[test]
     fn scripts_have_distinct_hashes() {
-        let shas =
-            [&ACQUIRE, &RELEASE, &CANCEL_ACQUIRE, &FORCE_UNLOCK, &RENEW].map(|l| l.sha.as_str());
+        let shas = [
+            &ACQUIRE,
+            &RELEASE,
+            &RELEASE_FULL,
+            &CANCEL_ACQUIRE,
+            &FORCE_UNLOCK,
+            &RENEW,
+        ]
+        .map(|l| l.sha.as_str());
         for (i, a) in shas.iter().enumerate() {
             assert_eq!(a.len(), 40);
             for b in &shas[i + 1..] {

@@ -263,9 +263,10 @@ impl Held {
                     && matches!(self.hold.kind, Kind::Plain | Kind::Fenced)
                 {
                     step.request.grant = self.shared.grants.claim(self.hold.name());
-                    // Handing nothing over, with the hold's generation
-                    // certain: no latch (release.lua).
-                    if step.request.grant.is_none() {
+                    // Handing nothing over, with nothing unsettled to
+                    // mark and the hold's generation certain: no latch
+                    // (release_full.lua).
+                    if step.request.grant.is_none() && step.request.pending.is_empty() {
                         step.request.unlatched = self.hold.settled_gen();
                     }
                 }

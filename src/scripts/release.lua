@@ -10,11 +10,9 @@
 --           acquire.lua), set here so they can no longer apply
 -- ARGV[1] owner field ARGV[2] holds left after this release (0 = full release;
 --         decimal with no leading zero, compared as text)
--- ARGV[3] lease in ms (re-applied while holds remain)   ARGV[4] latch TTL in ms,
---         or '' for a full release without a latch (below)
--- ARGV[5] generation (this request's id, see acquire.lua), written while
---         holds remain; '' in a full release with a latch; without a latch,
---         the generation the owner's hold carries
+-- ARGV[3] lease in ms (re-applied while holds remain)   ARGV[4] latch TTL in ms
+-- ARGV[5] generation (this request's id, see acquire.lua); used only
+--         while holds remain ('' in a full release)
 -- ARGV[6] the publish command: 'publish', or 'spublish' (sharded pub/sub on
 --         a cluster, as Redisson's getPublishCommand)
 -- ARGV[7] TTL in ms of the unsettled keys (given with them, and with ARGV[8..])
@@ -25,35 +23,21 @@
 -- holds remain, 1 when the lock was deleted and its waiters told, 2 when it
 -- was handed to the waiter of ARGV[8] (nobody is told: it is still held;
 -- {2, token} for a fenced lock's waiter, see release_plain.lua; a retry
--- answers 2), 3 when a release without a latch found the owner's field
--- with another generation (nothing done: the client sends one with a
--- latch).
+-- answers 2).
 -- A retry or a late copy of the same request (same latch) returns the first
 -- answer again, "not held" included, so a release whose reply was lost is
 -- never applied twice nor reported "not held", and a copy that arrives after
 -- the owner took the lock again cannot touch that later hold; an owner's
 -- later operation sets the latch of its unsettled releases first, too.
--- A full release that hands nothing over, by an owner that knows the
--- generation its hold carries, goes without a latch (ARGV[4] ''): it
--- releases only a hold of that generation, so a late copy cannot touch a
--- later hold (a new acquisition writes a new generation), and a copy run
--- after the first finds the field gone. The latch's read and write are a
--- fifth of what Redis spends on an acquire + release; the client sends a
--- release without a latch only once (a copy it sent again after a lost
--- reply would answer "not held"), and completes one whose reply was lost
--- with a latch.
-local latched = ARGV[4] ~= ''
 for i = FIRST_UNSETTLED, LAST_UNSETTLED do
     redis.call('set', KEYS[i], '1', 'px', ARGV[7])
 end
-if latched then
-    local done = redis.call('get', KEYS[3])
-    if done then
-        if done == 'n' then
-            return nil
-        end
-        return tonumber(done)
+local done = redis.call('get', KEYS[3])
+if done then
+    if done == 'n' then
+        return nil
     end
+    return tonumber(done)
 end
 if ARGV[2] ~= '0' then
     if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
@@ -67,21 +51,10 @@ if ARGV[2] ~= '0' then
 end
 -- The owner's count, and whether redlease waiters are queued (see
 -- queue_lib.lua; the fair lock's hash never says so).
-local state
-if latched then
-    state = redis.call('hmget', KEYS[1], ARGV[1], 'redlease:waiting')
-    if not state[1] then
-        redis.call('set', KEYS[3], 'n', 'px', ARGV[4])
-        return nil
-    end
-else
-    state = redis.call('hmget', KEYS[1], ARGV[1], 'redlease:waiting', ARGV[1] .. ':gen')
-    if not state[1] then
-        return nil
-    end
-    if state[3] ~= ARGV[5] then
-        return 3
-    end
+local state = redis.call('hmget', KEYS[1], ARGV[1], 'redlease:waiting')
+if not state[1] then
+    redis.call('set', KEYS[3], 'n', 'px', ARGV[4])
+    return nil
 end
 local grant = grant_allowed ~= nil and grant_allowed()
 -- A fenced lock's waiter takes the next token, before anything is handed
@@ -123,7 +96,5 @@ end
 -- acquirer's own field): DEL, as Redisson's release, which costs Redis less
 -- than removing the fields one by one.
 redis.call('del', KEYS[1])
-if latched then
-    redis.call('set', KEYS[3], '1', 'px', ARGV[4])
-end
+redis.call('set', KEYS[3], '1', 'px', ARGV[4])
 return 1

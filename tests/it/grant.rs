@@ -175,12 +175,16 @@ fn rig_of(
     let srv = RedisServer::start();
     let proxy = Proxy::start(srv.addr());
     let c = client(&proxy.url(), rt);
-    // The scripts loaded (so that a late copy runs as sent, EVALSHA).
-    c.lock("grant:warm-up")
-        .lock()
-        .expect("warm-up")
+    // The scripts loaded (so that a late copy runs as sent, EVALSHA): a
+    // partial release loads the release with a latch (which a hand-off
+    // uses), the full one the release without.
+    let warm = c.lock("grant:warm-up");
+    let outer = warm.lock().expect("warm-up");
+    warm.lock()
+        .expect("warm-up re-entry")
         .unlock()
-        .expect("warm-up release");
+        .expect("warm-up partial release");
+    outer.unlock().expect("warm-up release");
     // Its subscriber's first connection wakes every waiter once: before.
     warm_subscriber(&client(&srv.url(), Duration::from_secs(2)), &c);
     let held = lock_of(&c, name, holder)

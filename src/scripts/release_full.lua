@@ -1,0 +1,39 @@
+-- Release the last hold of a reentrant lock (Redisson RLock layout, fenced
+-- or not) without an unlock latch: the usual release, sent when it hands
+-- the lock to no waiting thread, the owner has no unsettled request on the
+-- lock's slot, and it knows the generation its hold carries (release.lua
+-- is the release with a latch, for every other case).
+-- KEYS[1] lock hash   KEYS[2] release channel   KEYS[3] the lock's queue of
+--         waiting processes (queue_lib.lua)
+-- ARGV[1] owner field   ARGV[2] the generation the owner's hold carries
+-- ARGV[3] the publish command ('publish' or 'spublish', see release.lua)
+-- It releases only a hold of that generation: a copy of it that reaches
+-- Redis late finds the field gone, or a later hold of the same owner
+-- carrying a newer generation (every acquisition writes one), and does
+-- nothing. The generation field is written and removed with the owner
+-- field, so its absence means the hold is gone. The client sends it once
+-- (a copy it sent again after a lost reply that finds the hold gone most
+-- likely ran before), and completes one whose reply was lost with
+-- release.lua.
+-- Returns nil when the owner's hold is gone, 3 when it carries another
+-- generation (nothing done: the client releases it with release.lua), 1
+-- when the lock was deleted and its waiters told.
+-- Four arguments fewer than release.lua, and two fields read instead of
+-- three: each argument and each field read costs Redis more than the Lua
+-- that would use it.
+local state = redis.call('hmget', KEYS[1], ARGV[1] .. ':gen', QUEUED)
+if state[1] ~= ARGV[2] then
+    if state[1] then
+        return 3
+    end
+    return nil
+end
+-- Publish before deleting, as release.lua: a user whose ACL lacks the
+-- channel stops the script here with nothing changed.
+if state[2] then
+    wake_queued(KEYS[3], KEYS[2], ARGV[3])
+else
+    redis.call(ARGV[3], KEYS[2], '0')
+end
+redis.call('del', KEYS[1])
+return 1
