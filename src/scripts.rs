@@ -310,7 +310,14 @@ impl Acquire<'_> {
                 cmd.arg(self.prefix).arg(self.writer).arg(rw_base(name));
             }
             Kind::Plain | Kind::Fenced => {
-                cmd.arg(if self.token.is_some() { "1" } else { "0" });
+                // acquire.lua reads a missing flag as '0': sent only when
+                // set, or when arguments follow it (an argument costs Redis
+                // more than the Lua that reads it).
+                if self.token.is_some() {
+                    cmd.arg("1");
+                } else if !self.unsettled.is_empty() || self.queue.is_some() {
+                    cmd.arg("0");
+                }
             }
         }
         if !self.unsettled.is_empty() || self.queue.is_some() {

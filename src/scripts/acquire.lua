@@ -13,7 +13,7 @@
 --         read from text costs Redis a strtod on every call)
 -- ARGV[4] generation: this request's id, written to the field <owner>:gen so
 --         that a renewal taken for an earlier state of the hold cannot apply
--- ARGV[5] '1' when fenced, else '0'
+-- ARGV[5] '1' when fenced, else '0' (or none, when no argument follows)
 -- ARGV[6] TTL in ms of the earlier requests' keys (given with them, and
 --         whenever ARGV[7] is)
 -- ARGV[7] a waiter that listens for its process's wake-up (queue_lib.lua):
