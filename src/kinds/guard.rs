@@ -146,6 +146,10 @@ impl LockGuard {
     /// Redis could not be reached or did not answer in time. In that case the
     /// release is completed in the background as soon as Redis answers (it
     /// is applied at most once), and the lease bounds the lock meanwhile.
+    /// Also the connection's error when the last guard's release failed on
+    /// its connection after it may have been sent and the copy sent again
+    /// found the lock no longer held: released by the first copy, or lost
+    /// before, which nothing tells apart (see docs/guarantees.md).
     pub fn unlock(self) -> Result<()> {
         self.held.unlock()
     }
@@ -470,23 +474,22 @@ impl Held {
             .map(|_| scripts::token_name(hold.name()));
         let run = |unlatched: Option<u64>| {
             let script = self.release_script(r, token_key.as_deref(), unlatched);
-            // Whether an earlier try may have reached Redis and run: only a
-            // try that failed on the connection (not a refusal such as
-            // MOVED/READONLY, nor a checkout that never sent anything).
-            let mut maybe_ran = false;
-            let mut tries = 0u32;
+            // The first try that failed on its connection (not a refusal
+            // such as MOVED or READONLY): it may have reached Redis and run.
+            let mut maybe_ran: Option<redis::RedisError> = None;
             // A release fewer replicas confirmed is still done on the
             // master: at worst a failover brings the lock back until its
             // lease runs out.
             let (reply, synced) = self.shared.router.run_synced(hold.name(), |conn| {
-                tries += 1;
                 let r = script.run(conn);
                 if let Err(e) = &r {
-                    maybe_ran |= crate::error::is_io_failure(e);
+                    if maybe_ran.is_none() && crate::error::is_io_failure(e) {
+                        maybe_ran = Some(e.clone());
+                    }
                 }
                 r
             })?;
-            Ok::<_, Error>((reply, synced, tries > 1 && maybe_ran))
+            Ok::<_, Error>((reply, synced, maybe_ran))
         };
         let Some(gen) = r.unlatched else {
             return run(None).map(|(reply, synced, _)| (reply, synced));
@@ -502,21 +505,13 @@ impl Held {
                 );
                 run(None).map(|(reply, synced, _)| (reply, synced))
             }
-            // Sent again after a try that failed on its connection (so may
-            // have run, its reply lost), and the hold was gone, answered
-            // within the hold's bound (its lease cannot have run out): the
-            // first copy ran. Only a force-unlock, or a failover that lost
-            // the hold, between the first copy and the resend would be
-            // missed. A try Redis refused (MOVED, READONLY) did not run, and
-            // past the bound the lease may have run out: "not held" stands.
-            (mut reply, synced, resent_after_io_failure)
-                if resent_after_io_failure
-                    && reply.code.is_none()
-                    && Instant::now() < hold.valid_until() =>
-            {
-                reply.code = Some(1);
-                Ok((reply, synced))
-            }
+            // Sent again after a try that failed on its connection, and the
+            // hold was gone: either that try ran (its reply lost) or the hold
+            // was gone before it (deleted, lost to a failover), and a release
+            // without a latch leaves nothing to tell which. Neither "released"
+            // nor "lost" would be sure: the caller gets that try's failure
+            // (the hold is not held in its name either way).
+            (ReleaseReply { code: None, .. }, _, Some(e)) => Err(Error::Redis(e)),
             (reply, synced, _) => Ok((reply, synced)),
         }
     }

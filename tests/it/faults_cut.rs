@@ -44,6 +44,9 @@ struct Tally {
     ok: usize,
     lost: usize,
     failed: usize,
+    /// Of `failed`: full releases (sent without a latch), whose outcome a
+    /// cut after the request leaves unknown.
+    failed_full: usize,
     count_mismatch: usize,
     spurious_lost: usize,
 }
@@ -127,12 +130,14 @@ impl Rig {
             self.proxy.cut_after_request(Cut::Release.pattern());
         }
         let g = guards.pop().expect("a guard");
+        let full = guards.is_empty();
         match g.unlock() {
             Ok(()) => tally.ok += usize::from(cut),
             Err(e) if e.is_lock_lost() => tally.lost += 1,
             Err(e) => {
                 assert!(cut, "release without a fault failed: {e}");
                 tally.failed += 1;
+                tally.failed_full += usize::from(full);
                 println!("release cut and failed: {e}");
             }
         }
@@ -177,11 +182,14 @@ fn cut_cycles(cut: Cut) {
     assert_eq!(tally.spurious_lost, 0, "a live guard reported lost");
     assert_eq!(tally.count_mismatch, 0, "server count != live guards");
     if cut == Cut::Release {
-        // The retry on a new connection finds the latch, or (a full
-        // release, sent without one) the hold gone within its bound.
+        // A partial release's retry on a new connection finds its latch. A
+        // full release goes without one: its retry finds the hold gone and
+        // cannot tell whether the cut copy released it or the hold was gone
+        // before, so the cut is reported (neither Ok nor "not held"), with
+        // nothing left held.
         assert_eq!(
-            tally.failed, 0,
-            "a release cut once must succeed on its retry"
+            tally.failed, tally.failed_full,
+            "a partial release cut once must succeed on its retry"
         );
     }
     assert_eq!(

@@ -484,18 +484,29 @@ fn force_unlock_reports_the_first_runs_answer_after_a_dropped_connection() {
 
 /// Retries: two cuts in a row made `unlock()` report an error although the
 /// release took effect (one retry only). With `retry_attempts` (default 3)
-/// the third attempt finds the hold gone within its bound after tries that
-/// failed on their connection: the first one ran (a full release goes
-/// without a latch, release_full.lua).
+/// the third attempt of a partial release returns the latched answer of the
+/// first. A full release goes without a latch (release_full.lua): its third
+/// attempt finds the hold gone and cannot tell whether the first copy
+/// released it or it was gone before, so the cut is reported, neither Ok
+/// nor `LockLost`, with nothing left held.
 #[test]
-fn a_release_cut_twice_in_a_row_still_reports_success() {
+fn a_partial_release_cut_twice_reports_success_a_full_one_the_cut() {
     let srv = server();
     let proxy = Proxy::start(srv.addr());
     let a = Client::open(proxy.url()).unwrap();
-    let g = a.lock("cut:twice").lock().unwrap();
+    let outer = a.lock("cut:twice").lock().unwrap();
+    let inner = a.lock("cut:twice").lock().unwrap();
+    let rule = proxy.add_rule(&release_sha(), Fault::CutAfterRequest, 2);
+    inner
+        .unlock()
+        .expect("the partial release ran once and its answer is latched");
+    assert_eq!(proxy.hits(rule), 2);
+    assert_eq!(outer.hold_count(), 1);
     let rule = proxy.add_rule(&release_full_sha(), Fault::CutAfterRequest, 2);
-    g.unlock()
-        .expect("the release ran once and its answer is latched");
+    let err = outer
+        .unlock()
+        .expect_err("a full release cut twice cannot tell what its first copy did");
+    assert!(err.is_connection_error() && !err.is_lock_lost(), "{err:?}");
     assert_eq!(proxy.hits(rule), 2);
     assert_eq!(srv.cmd(&["EXISTS", "cut:twice"]), "0");
 
