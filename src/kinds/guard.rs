@@ -576,7 +576,7 @@ pub(crate) struct ReleaseRequest {
     /// The waiting thread of this client it may hand the lock to.
     grant: Option<Claim>,
     /// Sent without a latch: a full release that hands nothing over, of the
-    /// hold with this generation (release.lua).
+    /// hold with this generation (release_full.lua).
     unlatched: Option<u64>,
 }
 

@@ -11,10 +11,10 @@
 -- Redis late finds the field gone, or a later hold of the same owner
 -- carrying a newer generation (every acquisition writes one), and does
 -- nothing. The generation field is written and removed with the owner
--- field, so its absence means the hold is gone. The client sends it once
--- (a copy it sent again after a lost reply that finds the hold gone most
--- likely ran before), and completes one whose reply was lost with
--- release.lua.
+-- field, so its absence means the hold is gone. Nothing is left to tell a
+-- copy sent again after a try failed on its connection whether that try
+-- ran: finding the hold gone then, the client reports the try's failure.
+-- A release whose reply was lost is completed with release.lua.
 -- Returns nil when the owner's hold is gone, 3 when it carries another
 -- generation (nothing done: the client releases it with release.lua), 1
 -- when the lock was deleted and its waiters told.
