@@ -114,6 +114,20 @@ pub fn warm_subscriber(holder: &Client, waiters: &Client) {
     held.unlock().expect("warm-up unlock");
 }
 
+/// The SHA1 of release_full.lua as the client sends it (EVALSHA): a proxy
+/// rule on it matches the usual full release and nothing else (the lock's
+/// channel also goes by in subscriptions and in other scripts).
+pub fn release_full_sha() -> Vec<u8> {
+    redis::Script::new(concat!(
+        include_str!("../../src/scripts/queue_lib.lua"),
+        include_str!("../../src/scripts/queue_wake.lua"),
+        include_str!("../../src/scripts/release_full.lua")
+    ))
+    .get_hash()
+    .as_bytes()
+    .to_vec()
+}
+
 /// `true` for the MONITOR line of a lock script call (EVALSHA) that carries
 /// `needle` among its arguments.
 pub fn is_script_call(line: &str, needle: &str) -> bool {

@@ -11,8 +11,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::faults_common::{
-    assert_within, builder, client, figure, is_acquire_of, is_script_call, ms, server_lock_keys,
-    timed, Monitor, MARGIN,
+    assert_within, builder, client, figure, is_acquire_of, is_script_call, ms, release_full_sha,
+    server_lock_keys, timed, Monitor, MARGIN,
 };
 use crate::support::{wait_until, Fault, Proxy, RedisServer};
 use redlease::{Client, Lock, LockGuard};
@@ -573,8 +573,8 @@ fn late_release_does_not_free_a_later_hold() {
     let mut monitor = Monitor::start(&srv);
 
     // Only the release is held back (3 s), on the connection it came on.
-    let release = b"redisson_lock__channel:{late:release}";
-    let rule = proxy.add_rule(release, Fault::DelayRequest(Duration::from_secs(3)), 1);
+    let release = release_full_sha();
+    let rule = proxy.add_rule(&release, Fault::DelayRequest(Duration::from_secs(3)), 1);
     let r = g.unlock();
     assert!(
         r.is_err(),
@@ -607,7 +607,7 @@ fn late_release_does_not_free_a_later_hold() {
     monitor.wait_for(
         "the delayed copy of the release to reach redis",
         |l| {
-            is_script_call(l, "redisson_lock__channel")
+            is_script_call(l, std::str::from_utf8(&release).expect("a SHA1 in hex"))
                 && Monitor::client_of(l).is_some_and(|a| held_back.iter().any(|h| h == a))
         },
         1,
@@ -750,7 +750,7 @@ fn a_release_sent_again_after_the_lease_ran_out_is_not_reported_released() {
     let taken = Instant::now();
     let g = a.lock(name).lock_with_lease(lease).expect("a holds");
     let rule = proxy.add_rule(
-        b"redisson_lock__channel:{resent:lost}",
+        &release_full_sha(),
         Fault::DelayRequest(Duration::from_secs(3)),
         1,
     );
@@ -808,7 +808,7 @@ fn a_release_that_never_ran_after_a_force_unlock_is_not_reported_released() {
     assert!(b.lock(name).force_unlock().unwrap());
     let gb = b.lock(name).try_lock().unwrap().expect("b holds");
     let rule = proxy.add_rule(
-        b"redisson_lock__channel:{forced:resent}",
+        &release_full_sha(),
         Fault::DelayRequest(Duration::from_secs(3)),
         1,
     );

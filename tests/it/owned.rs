@@ -175,7 +175,11 @@ fn lost_replies_of_an_owned_lock_leave_nothing_held() {
         .try_lock_for(WAIT)
         .expect("try_lock_for")
         .expect("free once undone");
-    let swallowed = proxy.add_rule(b"redisson_lock__channel", Fault::BlackHole, 1);
+    let swallowed = proxy.add_rule(
+        &crate::faults_common::release_full_sha(),
+        Fault::BlackHole,
+        1,
+    );
     let e = thread::spawn(move || g.unlock())
         .join()
         .expect("releasing thread")

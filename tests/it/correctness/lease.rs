@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use redlease::{Client, LockGuard};
 
-use crate::faults_common::{figure, is_script_call, Monitor};
+use crate::faults_common::{figure, is_script_call, release_full_sha, Monitor};
 use crate::support::{wait_until, Fault, Proxy, RedisServer};
 
 /// A bound for waits on something that happens within a few hundred ms.
@@ -32,14 +32,6 @@ fn release_sha() -> Vec<u8> {
         include_str!("../../../src/scripts/queue_wake.lua"),
         include_str!("../../../src/scripts/release_plain.lua"),
         include_str!("../../../src/scripts/release.lua")
-    ))
-}
-
-fn release_full_sha() -> Vec<u8> {
-    sha(concat!(
-        include_str!("../../../src/scripts/queue_lib.lua"),
-        include_str!("../../../src/scripts/queue_wake.lua"),
-        include_str!("../../../src/scripts/release_full.lua")
     ))
 }
 
