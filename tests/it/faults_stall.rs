@@ -728,6 +728,52 @@ fn assert_not_released(r: &redlease::Result<()>, what: &str) {
     }
 }
 
+/// Client `a` through `proxy`: a response timeout of 4 s, so that only a
+/// cut ends a held-back request; scripts loaded.
+fn patient_client(proxy: &Proxy, pool_size: u32) -> Client {
+    let a = Client::builder(proxy.url())
+        .pool_size(pool_size)
+        .response_timeout(Duration::from_secs(4))
+        .connection_timeout(Duration::from_secs(1))
+        .build()
+        .expect("client a");
+    a.lock("warm").lock().unwrap().unlock().unwrap();
+    a
+}
+
+/// Releases `g` with its release held back by the proxy, then dropped with
+/// its connection (never forwarded) once `meanwhile` has run on another
+/// thread: what `unlock()` said, and what `meanwhile` gave.
+fn unlock_held_back_then_cut<T: Send>(
+    proxy: &Proxy,
+    g: LockGuard,
+    meanwhile: impl FnOnce() -> T + Send,
+) -> (redlease::Result<()>, T) {
+    let rule = proxy.add_rule(
+        &release_full_sha(),
+        Fault::DelayRequest(Duration::from_secs(3)),
+        1,
+    );
+    thread::scope(|scope| {
+        let other = scope.spawn(move || {
+            proxy.wait_hits(rule, 1, Duration::from_secs(2));
+            let t = meanwhile();
+            proxy.cut();
+            t
+        });
+        let r = g.unlock();
+        (r, other.join().expect("the thread that cuts"))
+    })
+}
+
+/// `name` force-unlocked behind `g`'s back and taken by another client,
+/// whose guard comes back.
+fn force_unlocked_and_taken(srv: &RedisServer, name: &str) -> redlease::OwnedLockGuard {
+    let b = Client::open(srv.url()).expect("client b");
+    assert!(b.lock(name).force_unlock().unwrap());
+    b.lock(name).owned().try_lock().unwrap().expect("b holds")
+}
+
 /// A full release (sent without a latch) that never reached Redis: the proxy
 /// holds it back, the explicit lease runs out meanwhile, another client
 /// takes the lock, then the connection is cut (the request is never
@@ -738,47 +784,24 @@ fn assert_not_released(r: &redlease::Result<()>, what: &str) {
 fn a_release_sent_again_after_the_lease_ran_out_is_not_reported_released() {
     let srv = RedisServer::start();
     let proxy = Proxy::start(srv.addr());
-    let a = Client::builder(proxy.url())
-        .response_timeout(Duration::from_secs(4))
-        .connection_timeout(Duration::from_secs(1))
-        .build()
-        .expect("client a");
-    // Scripts loaded, pool warm.
-    a.lock("warm").lock().unwrap().unlock().unwrap();
+    let a = patient_client(&proxy, 16);
     let name = "resent:lost";
     let lease = Duration::from_millis(800);
     let taken = Instant::now();
     let g = a.lock(name).lock_with_lease(lease).expect("a holds");
-    let rule = proxy.add_rule(
-        &release_full_sha(),
-        Fault::DelayRequest(Duration::from_secs(3)),
-        1,
-    );
-    let (done, done_rx) = mpsc::channel::<()>();
     let url = srv.url();
-    let proxy = &proxy;
-    let r = thread::scope(|scope| {
-        let other = scope.spawn(move || {
-            proxy.wait_hits(rule, 1, Duration::from_secs(2));
-            // A's lease runs out; B takes the lock.
-            let b = Client::builder(url).build().expect("client b");
-            let gb = b
-                .lock(name)
-                .try_lock_for(Duration::from_secs(3))
-                .expect("b tries")
-                .expect("b holds once a's lease ran out");
-            // The held-back release is dropped with its connection.
-            proxy.cut();
-            done_rx.recv().ok();
-            gb.ensure_held().expect("b still holds");
-        });
-        // Not past its bound when the release begins.
-        assert!(taken.elapsed() < lease / 2);
-        let r = g.unlock();
-        done.send(()).unwrap();
-        other.join().expect("b's thread");
-        r
+    // Not past its bound when the release begins.
+    assert!(taken.elapsed() < lease / 2);
+    let (r, gb) = unlock_held_back_then_cut(&proxy, g, move || {
+        // A's lease runs out; B takes the lock.
+        let b = Client::builder(url).build().expect("client b");
+        b.lock(name)
+            .owned()
+            .try_lock_for(Duration::from_secs(3))
+            .expect("b tries")
+            .expect("b holds once a's lease ran out")
     });
+    gb.ensure_held().expect("b still holds");
     assert_not_released(
         &r,
         "a's lease ran out and b held the lock before a's release reached redis",
@@ -793,38 +816,14 @@ fn a_release_sent_again_after_the_lease_ran_out_is_not_reported_released() {
 fn a_release_that_never_ran_after_a_force_unlock_is_not_reported_released() {
     let srv = RedisServer::start();
     let proxy = Proxy::start(srv.addr());
-    let a = Client::builder(proxy.url())
-        .response_timeout(Duration::from_secs(4))
-        .connection_timeout(Duration::from_secs(1))
-        .build()
-        .expect("client a");
-    a.lock("warm").lock().unwrap().unlock().unwrap();
+    let a = patient_client(&proxy, 16);
     let name = "forced:resent";
     let g = a
         .lock(name)
         .lock_with_lease(Duration::from_secs(30))
         .expect("a holds");
-    let b = Client::open(srv.url()).expect("client b");
-    assert!(b.lock(name).force_unlock().unwrap());
-    let gb = b.lock(name).try_lock().unwrap().expect("b holds");
-    let rule = proxy.add_rule(
-        &release_full_sha(),
-        Fault::DelayRequest(Duration::from_secs(3)),
-        1,
-    );
-    let (done, done_rx) = mpsc::channel::<()>();
-    let proxy = &proxy;
-    let r = thread::scope(|scope| {
-        scope.spawn(move || {
-            proxy.wait_hits(rule, 1, Duration::from_secs(2));
-            // The held-back release is dropped with its connection.
-            proxy.cut();
-            done_rx.recv().ok();
-        });
-        let r = g.unlock();
-        done.send(()).unwrap();
-        r
-    });
+    let gb = force_unlocked_and_taken(&srv, name);
+    let (r, ()) = unlock_held_back_then_cut(&proxy, g, || ());
     gb.ensure_held().expect("b still holds");
     assert_not_released(
         &r,
@@ -841,21 +840,13 @@ fn a_release_that_never_ran_after_a_force_unlock_is_not_reported_released() {
 fn a_release_on_a_connection_closed_before_it_is_not_reported_released() {
     let srv = RedisServer::start();
     let proxy = Proxy::start(srv.addr());
-    let a = Client::builder(proxy.url())
-        .pool_size(1)
-        .response_timeout(Duration::from_secs(4))
-        .connection_timeout(Duration::from_secs(1))
-        .build()
-        .expect("client a");
-    a.lock("warm").lock().unwrap().unlock().unwrap();
+    let a = patient_client(&proxy, 1);
     let name = "forced:closed";
     let g = a
         .lock(name)
         .lock_with_lease(Duration::from_secs(30))
         .expect("a holds");
-    let b = Client::open(srv.url()).expect("client b");
-    assert!(b.lock(name).force_unlock().unwrap());
-    let gb = b.lock(name).try_lock().unwrap().expect("b holds");
+    let gb = force_unlocked_and_taken(&srv, name);
     assert!(a.lock(name).is_locked().unwrap());
     proxy.cut();
     let r = g.unlock();
