@@ -11,7 +11,9 @@
 # bench's --instructions mode under valgrind's callgrind (needs valgrind):
 # instructions and simulated cache misses per renewal of 20,000 watched
 # locks, counted over 5 s, which do not move with the machine's load (one
-# round is enough; it takes about a minute per revision). The pseudo-benches
+# round is enough; it takes about a minute per revision); "lock-instructions"
+# the lock bench's the same way: the client's instructions (all threads)
+# per `lock_with_lease()` + drop, over 5,000 pairs. The pseudo-benches
 # "redis-instructions-lock" and "redis-instructions-watchdog" run Redis
 # itself under callgrind (needs valgrind): the instructions Redis runs per
 # acquire + release (beside the peer and Redisson's current scripts) and per
@@ -55,15 +57,16 @@ mkdir -p "$work" "$out"
 target() {
     case $1 in
     watchdog-instructions | redis-instructions-watchdog) echo watchdog ;;
-    redis-instructions-lock) echo lock ;;
+    lock-instructions | redis-instructions-lock) echo lock ;;
     *) echo "$1" ;;
     esac
 }
 
 # instructions BIN OUT: BIN's --instructions mode under callgrind, the
 # window counted only (instrumentation switched on and off around it); a
-# SUMMARY line of per-renewal counts into OUT. Cache sizes are fixed, so
-# the counts compare across machines.
+# SUMMARY line of counts per renewal (the watchdog bench) or per acquire +
+# release (the lock bench) into OUT. Cache sizes are fixed, so the counts
+# compare across machines.
 instructions() {
     local bin=$1 out=$2 go=$work/go.$$
     command -v valgrind >/dev/null || { echo "SUMMARY: valgrind is not installed" >"$out"; return 1; }
@@ -75,7 +78,7 @@ instructions() {
     for i in $(seq 1 600); do grep -q READY "$out.stdout" && break; sleep 0.5; done
     callgrind_control -i on "$pid" >/dev/null 2>&1
     touch "$go"
-    for i in $(seq 1 600); do grep -q RENEWALS "$out.stdout" && break; sleep 0.1; done
+    for i in $(seq 1 600); do grep -qE "RENEWALS|PAIRS" "$out.stdout" && break; sleep 0.1; done
     callgrind_control -i off "$pid" >/dev/null 2>&1
     rm -f "$go"
     wait "$pid" || true
@@ -87,9 +90,15 @@ def count(label):
     m = re.search(label + r":\s+([\d,]+)", err)
     return int(m.group(1).replace(",", "")) if m else None
 m = re.search(r"RENEWALS: (\d+)(.*)", std)
+pairs = re.search(r"PAIRS: (\d+)", std)
 ir, d1, ll = count("I   refs"), count("D1  misses"), count("LLd misses")
 with open(out, "w") as f:
-    if not m or not int(m.group(1)) or None in (ir, d1, ll):
+    if pairs and None not in (ir, d1, ll):
+        n = int(pairs.group(1))
+        f.write("SUMMARY: lock_with_lease() + drop, client per pair (all threads, callgrind): "
+                "%.0f instructions | %.2f D1 misses (32 KB) | %.3f LL misses (8 MB) | %d pairs\n"
+                % (ir / n, d1 / n, ll / n, n))
+    elif not m or not int(m.group(1)) or None in (ir, d1, ll):
         f.write("SUMMARY: no count (see %s.stdout and .stderr)\n" % out)
     else:
         n = int(m.group(1))
@@ -159,7 +168,10 @@ for round in $(seq 1 "$rounds"); do
             echo "== round $round: $b $label ($(date +%T))" >&2
             # The benches start their own redis-server; run from the repo
             # root like `cargo bench`.
-            if [ "$b" = watchdog-instructions ]; then
+            if [ "$b" = lock-instructions ] && ! grep -qa "PAIRS: " "$work/bin/$label-$b"; then
+                echo "SUMMARY: this revision has no --instructions mode in its lock bench" \
+                    >"$out/$b-$label-$round.txt"
+            elif [ "$b" = watchdog-instructions ] || [ "$b" = lock-instructions ]; then
                 instructions "$work/bin/$label-$b" "$out/$b-$label-$round.txt" ||
                     echo "   (see $out/$b-$label-$round.txt)" >&2
             elif [ "${b#redis-instructions-}" != "$b" ]; then
