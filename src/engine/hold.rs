@@ -627,21 +627,20 @@ impl Texts {
         } else {
             String::new()
         };
-        let head = format!("${}\r\n", lock.name.len());
-        let parts = [
-            &head,
-            lock.name,
-            "\r\n",
-            lock.field,
-            lock.channel,
-            &prefix,
-            &slot,
-        ];
-        let mut all = String::with_capacity(parts.iter().map(|p| p.len()).sum());
+        let mut len = itoa::Buffer::new();
+        let len = len.format(lock.name.len());
+        // The frame's head, `$<len>\r\n`, is the first part.
+        let parts = [lock.name, "\r\n", lock.field, lock.channel, &prefix, &slot];
+        let head = 3 + len.len();
+        let mut all = String::with_capacity(head + parts.iter().map(|p| p.len()).sum::<usize>());
+        all.push('$');
+        all.push_str(len);
+        all.push_str("\r\n");
         let mut ends = [0; 6];
+        ends[0] = head as u32;
         for (i, part) in parts.iter().enumerate() {
             all.push_str(part);
-            if let Some(end) = ends.get_mut(i) {
+            if let Some(end) = ends.get_mut(i + 1) {
                 // Saturates past 4 GiB of texts, which no hold reaches: its
                 // name is at most `MAX_NAME_LEN` (512 MiB, `check_name`), and
                 // its texts hold four copies of it at most.

@@ -120,10 +120,10 @@ impl Shared {
 
     /// `<client-uuid>:<thread-id>` for the current thread.
     pub(crate) fn owner_field(&self) -> String {
-        use std::fmt::Write;
         let mut field = String::with_capacity(self.uuid.len() + 21);
         field.push_str(&self.uuid);
-        let _ = write!(field, ":{}", thread_id());
+        field.push(':');
+        field.push_str(itoa::Buffer::new().format(thread_id()));
         field
     }
 

@@ -1,6 +1,7 @@
 //! One acquisition of a hash lock ([`LockGuard`], the guard of the plain,
 //! fenced, fair, read and write locks) and the release protocol.
 
+use std::cell::OnceCell;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::{Arc, Weak};
@@ -394,7 +395,6 @@ impl Held {
     fn prepare_release(&self, hold: &Arc<Hold>, left: u32, lease_ms: u64) -> ReleaseRequest {
         let shared = &self.shared;
         let n = shared.next_request();
-        let latch = scripts::unlock_latch_name(hold.name(), hold.field(), n);
         let pending = if hold.owned {
             Vec::new()
         } else {
@@ -406,7 +406,7 @@ impl Held {
         }
         ReleaseRequest {
             n,
-            latch,
+            latch: OnceCell::new(),
             pending,
             sent,
             left,
@@ -433,7 +433,7 @@ impl Held {
         let shared = &self.shared;
         scripts::Release {
             lock: self.hold.lock_ref(),
-            latch: &r.latch,
+            latch: r.latch(&self.hold),
             unsettled: keys(&r.pending),
             left: r.left,
             lease_ms: r.lease_ms,
@@ -549,7 +549,8 @@ impl Held {
                         lease_ms: r.lease_ms,
                     };
                     let owner = partial.then_some(hold);
-                    let request = Unsettled::new(hold.lock_ref(), r.latch, kind, owner, r.sent);
+                    let latch = r.latch(hold).to_owned();
+                    let request = Unsettled::new(hold.lock_ref(), latch, kind, owner, r.sent);
                     if hold.owned {
                         shared.settle_owned_later(request);
                     } else {
@@ -567,7 +568,9 @@ impl Held {
 /// A release request made ready (see [`LockGuard::begin_release`]).
 pub(crate) struct ReleaseRequest {
     n: u64,
-    latch: String,
+    /// Its unlock latch's name, made when first needed: a release sent
+    /// without a latch needs it only if its reply is lost.
+    latch: OnceCell<String>,
     pending: Vec<Arc<Unsettled>>,
     sent: Instant,
     /// Holds left after it (0: a full release).
@@ -578,6 +581,14 @@ pub(crate) struct ReleaseRequest {
     /// Sent without a latch: a full release that hands nothing over, of the
     /// hold with this generation (release_full.lua).
     unlatched: Option<u64>,
+}
+
+impl ReleaseRequest {
+    /// Its unlock latch's name (of `hold`, the hold it releases).
+    fn latch(&self, hold: &Hold) -> &str {
+        self.latch
+            .get_or_init(|| scripts::unlock_latch_name(hold.name(), hold.field(), self.n))
+    }
 }
 
 /// What a release that may have handed the lock over did for its waiter:
