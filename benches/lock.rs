@@ -54,10 +54,12 @@ const ACQUIRE_LUA: &str = concat!(
     include_str!("../src/scripts/queue_lib.lua"),
     include_str!("../src/scripts/acquire.lua")
 );
+/// The usual release: release_full.lua, with its library as the client
+/// sends it.
 const RELEASE_LUA: &str = concat!(
     include_str!("../src/scripts/queue_lib.lua"),
-    include_str!("../src/scripts/release_plain.lua"),
-    include_str!("../src/scripts/release.lua")
+    include_str!("../src/scripts/queue_wake.lua"),
+    include_str!("../src/scripts/release_full.lua")
 );
 const TRIVIAL_LUA: &str = "return 1";
 
@@ -303,25 +305,15 @@ impl RawPair {
                 .arg(cancel)
                 .arg(lease_ms)
                 .arg(&self.field)
-                .arg(1)
-                .arg(self.n); // generation
-            let latch = format!(
-                "redisson_unlock_latch:{{{}}}:{}:{}",
-                self.name, self.field, self.n
-            );
+                .arg(self.n); // generation (the count, 1, is left out)
             release
                 .arg(&self.release_sha)
-                .arg(4)
+                .arg(3)
                 .arg(&self.name)
                 .arg(&self.channel)
-                .arg(latch)
                 .arg(format!("redlease_waiting:{{{0}}}:{0}", self.name))
                 .arg(&self.field)
-                .arg(0)
-                .arg(lease_ms)
-                .arg(8000)
-                .arg("") // generation: a full release sends none
-                .arg("publish");
+                .arg(self.n);
         }
         let acquired: Option<i64> = acquire.query(conn).expect("raw acquire");
         assert_eq!(acquired, None, "raw acquire found the lock busy");
@@ -1138,7 +1130,7 @@ fn main() {
     for (key, what) in [
         (
             "raw_pair",
-            "raw scripts | redlease acquire.lua+release.lua, raw connection",
+            "raw scripts | redlease acquire.lua+release_full.lua, raw connection",
         ),
         (
             "classic_pair",

@@ -407,10 +407,22 @@ impl Acquire<'_> {
         if let Some(q) = &self.queue {
             cmd.arg(q.key);
         }
-        cmd.arg(self.lease_ms)
-            .arg(self.lock.field)
-            .arg(self.count)
-            .arg(self.gen);
+        cmd.arg(self.lease_ms).arg(self.lock.field);
+        // acquire.lua takes the generation first and reads a missing count
+        // as 1 (sent only when it is not, or when arguments follow it); the
+        // other kinds' scripts take the count first.
+        let follows = self.token.is_some() || !self.unsettled.is_empty() || self.queue.is_some();
+        match self.lock.kind {
+            Kind::Plain | Kind::Fenced => {
+                cmd.arg(self.gen);
+                if self.count != 1 || follows {
+                    cmd.arg(self.count);
+                }
+            }
+            Kind::Fair | Kind::Read | Kind::Write => {
+                cmd.arg(self.count).arg(self.gen);
+            }
+        }
         match self.lock.kind {
             Kind::Fair => {
                 cmd.arg(self.place_ms)
@@ -427,7 +439,7 @@ impl Acquire<'_> {
                 // more than the Lua that reads it).
                 if self.token.is_some() {
                     cmd.arg("1");
-                } else if !self.unsettled.is_empty() || self.queue.is_some() {
+                } else if follows {
                     cmd.arg("0");
                 }
             }
@@ -652,8 +664,11 @@ impl Release<'_> {
             .arg(self.lock.channel)
             .arg(queue_name(self.lock.name))
             .arg(self.lock.field)
-            .arg(gen)
-            .arg(self.publish);
+            .arg(gen);
+        // release_full.lua reads a missing one as 'publish'.
+        if self.publish != "publish" {
+            cmd.arg(self.publish);
+        }
     }
 
     fn fill_any(&self, cmd: &mut impl Args) {

@@ -6,7 +6,8 @@
 -- KEYS[1] lock hash   KEYS[2] release channel   KEYS[3] the lock's queue of
 --         waiting processes (queue_lib.lua)
 -- ARGV[1] owner field   ARGV[2] the generation the owner's hold carries
--- ARGV[3] the publish command ('publish' or 'spublish', see release.lua)
+-- ARGV[3] the publish command: 'spublish' on a Cluster that has sharded
+--         pub/sub, else none ('publish'; see release.lua)
 -- It releases only a hold of that generation: a copy of it that reaches
 -- Redis late finds the field gone, or a later hold of the same owner
 -- carrying a newer generation (every acquisition writes one), and does
@@ -18,9 +19,10 @@
 -- Returns nil when the owner's hold is gone, 3 when it carries another
 -- generation (nothing done: the client releases it with release.lua), 1
 -- when the lock was deleted and its waiters told.
--- Four arguments fewer than release.lua, and two fields read instead of
--- three: each argument and each field read costs Redis more than the Lua
+-- Five arguments fewer than release.lua (four with sharded pub/sub), and
+-- two fields read instead of three: each argument and each field read costs Redis more than the Lua
 -- that would use it.
+local publish = ARGV[3] or 'publish'
 local state = redis.call('hmget', KEYS[1], ARGV[1] .. ':gen', QUEUED)
 if state[1] ~= ARGV[2] then
     if state[1] then
@@ -31,9 +33,9 @@ end
 -- Publish before deleting, as release.lua: a user whose ACL lacks the
 -- channel stops the script here with nothing changed.
 if state[2] then
-    wake_queued(KEYS[3], KEYS[2], ARGV[3])
+    wake_queued(KEYS[3], KEYS[2], publish)
 else
-    redis.call(ARGV[3], KEYS[2], '0')
+    redis.call(publish, KEYS[2], '0')
 end
 redis.call('del', KEYS[1])
 return 1
