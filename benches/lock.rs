@@ -873,9 +873,6 @@ const CLIENT_INSTRUCTION_PAIRS: u64 = 5_000;
 /// its threads; the idle watchdog and subscriber threads included), a
 /// count that does not move with the machine's load.
 fn client_instructions_run() {
-    use std::io::Write;
-    let go =
-        std::env::var("REDLEASE_BENCH_GO").expect("REDLEASE_BENCH_GO names the file to wait for");
     let server = support::start_server();
     let client = redlease::Client::open(server.url()).expect("client");
     let lock = client.lock("bench:ci:redlease");
@@ -883,27 +880,12 @@ fn client_instructions_run() {
     for _ in 0..200 {
         drop(lock.lock_with_lease(LEASE).expect("lock_with_lease"));
     }
-    println!("READY");
-    std::io::stdout().flush().expect("stdout");
-    let waited = Instant::now();
-    while !std::path::Path::new(&go).exists() {
-        assert!(
-            waited.elapsed() < Duration::from_secs(300),
-            "waited 300 s for {go} (the instrumentation to be switched on)"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    for _ in 0..CLIENT_INSTRUCTION_PAIRS {
-        drop(lock.lock_with_lease(LEASE).expect("lock_with_lease"));
-    }
-    println!("PAIRS: {CLIENT_INSTRUCTION_PAIRS}");
-    std::io::stdout().flush().expect("stdout");
-    // Outside the count: the caller switches the instrumentation off, then
-    // removes the file.
-    let waited = Instant::now();
-    while std::path::Path::new(&go).exists() && waited.elapsed() < Duration::from_secs(60) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    support::instructions_window(|| {
+        for _ in 0..CLIENT_INSTRUCTION_PAIRS {
+            drop(lock.lock_with_lease(LEASE).expect("lock_with_lease"));
+        }
+        println!("PAIRS: {CLIENT_INSTRUCTION_PAIRS}");
+    });
 }
 
 fn main() {

@@ -511,36 +511,18 @@ fn watched_locks(
 
 /// `--instructions`: see the module's doc.
 fn instructions_run() {
-    use std::io::Write;
-    let go =
-        std::env::var("REDLEASE_BENCH_GO").expect("REDLEASE_BENCH_GO names the file to wait for");
     let (server, client, guards) = watched_locks("bench:wd-instr:", INSTRUCTIONS_N);
-    println!("READY");
-    std::io::stdout().flush().expect("stdout");
-    let waited = Instant::now();
-    while !std::path::Path::new(&go).exists() {
-        assert!(
-            waited.elapsed() < Duration::from_secs(300),
-            "waited 300 s for {go} (the instrumentation to be switched on)"
+    support::instructions_window(|| {
+        let s0 = client.stats();
+        std::thread::sleep(INSTRUCTIONS_WINDOW);
+        let s1 = client.stats();
+        let lost = guards.iter().filter(|g| g.is_lost()).count();
+        println!(
+            "RENEWALS: {} in {INSTRUCTIONS_WINDOW:?}, {} round trips, {INSTRUCTIONS_N} locks, {lost} lost",
+            s1.renewals - s0.renewals,
+            s1.renewal_round_trips - s0.renewal_round_trips
         );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let s0 = client.stats();
-    std::thread::sleep(INSTRUCTIONS_WINDOW);
-    let s1 = client.stats();
-    let lost = guards.iter().filter(|g| g.is_lost()).count();
-    println!(
-        "RENEWALS: {} in {INSTRUCTIONS_WINDOW:?}, {} round trips, {INSTRUCTIONS_N} locks, {lost} lost",
-        s1.renewals - s0.renewals,
-        s1.renewal_round_trips - s0.renewal_round_trips
-    );
-    std::io::stdout().flush().expect("stdout");
-    // Outside the count: the caller switches the instrumentation off, then
-    // removes the file.
-    let waited = Instant::now();
-    while std::path::Path::new(&go).exists() && waited.elapsed() < Duration::from_secs(60) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    });
     // Not released one by one: the server goes with them.
     std::mem::forget(guards);
     drop(client);

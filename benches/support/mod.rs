@@ -458,3 +458,33 @@ pub fn redis_instructions(server: &RedisServer, f: impl FnOnce()) -> u64 {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// The window an `--instructions` mode counts (run under callgrind by
+/// `scripts/bench_compare.sh`, instrumentation off until the file
+/// `REDLEASE_BENCH_GO` names exists): prints `READY`, waits for that file
+/// (at most 300 s), runs `f` (which prints its own result line), then waits
+/// for the file to go (at most 60 s): the script switches the
+/// instrumentation off before it removes it.
+pub fn instructions_window<T>(f: impl FnOnce() -> T) -> T {
+    use std::io::Write;
+    use std::time::Instant;
+    let go =
+        std::env::var("REDLEASE_BENCH_GO").expect("REDLEASE_BENCH_GO names the file to wait for");
+    println!("READY");
+    std::io::stdout().flush().expect("stdout");
+    let waited = Instant::now();
+    while !std::path::Path::new(&go).exists() {
+        assert!(
+            waited.elapsed() < Duration::from_secs(300),
+            "waited 300 s for {go} (the instrumentation to be switched on)"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = f();
+    std::io::stdout().flush().expect("stdout");
+    let waited = Instant::now();
+    while std::path::Path::new(&go).exists() && waited.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    out
+}
