@@ -433,7 +433,13 @@ impl Held {
         let shared = &self.shared;
         scripts::Release {
             lock: self.hold.lock_ref(),
-            latch: r.latch(&self.hold),
+            // A release without a latch names none (its name is made only if
+            // its reply is lost).
+            latch: if unlatched.is_some() {
+                ""
+            } else {
+                r.latch(&self.hold)
+            },
             unsettled: keys(&r.pending),
             left: r.left,
             lease_ms: r.lease_ms,
