@@ -188,7 +188,8 @@ impl Args for Cmd {
 
 impl Args for Packed {
     fn arg<T: redis::ToRedisArgs>(&mut self, arg: T) -> &mut Self {
-        Packed::arg(self, arg)
+        arg.write_redis_args(self);
+        self
     }
 }
 
@@ -210,12 +211,6 @@ impl Packed {
         let mut buf = Vec::with_capacity(PACKED_HEAD + size);
         buf.resize(PACKED_HEAD, 0);
         Packed { buf, args: 0 }
-    }
-
-    /// Appends `arg` (as [`Cmd::arg`] does).
-    pub(crate) fn arg<T: redis::ToRedisArgs>(&mut self, arg: T) -> &mut Packed {
-        arg.write_redis_args(self);
-        self
     }
 
     /// The command: its header written in front of its arguments.
@@ -383,8 +378,9 @@ pub(crate) struct Queued<'a> {
 impl Acquire<'_> {
     /// The keys, then the arguments, of the kind's acquire script: the lock
     /// and the request's marker, the kind's own keys, the unsettled keys;
-    /// the lease, owner, count and generation, the kind's own arguments,
-    /// and the unsettled keys' TTL when there are any.
+    /// the lease, owner, hold count and generation (the generation first
+    /// for acquire.lua, which takes a missing count as 1), the kind's own
+    /// arguments, and the unsettled keys' TTL when there are any.
     fn fill(&self, cmd: &mut impl Args) {
         let name = self.lock.name;
         cmd.arg(name).arg(self.marker);
