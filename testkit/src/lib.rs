@@ -338,6 +338,23 @@ impl RedisServer {
         Self::start_inner(extra_args, false, free_port)
     }
 
+    /// Like [`RedisServer::start_with_args`], for a server that listens on
+    /// `ports` more ports than its own (a TLS port, a cluster bus port):
+    /// `args` makes the extra arguments from them. Each attempt takes fresh
+    /// free ports, since one found free can be taken by another process
+    /// before the server binds it (then the next attempt tries others).
+    /// Returns the server and the ports it listens on beside its own.
+    pub fn start_with_ports(
+        ports: usize,
+        args: impl Fn(&[u16]) -> Vec<String>,
+    ) -> (RedisServer, Vec<u16>) {
+        let mut pick_port = free_port;
+        Self::start_attempts(false, &mut pick_port, || {
+            let extra: Vec<u16> = (0..ports).map(|_| free_port()).collect();
+            (args(&extra), extra)
+        })
+    }
+
     /// Like [`RedisServer::start_with_args`], but with `pick_port` choosing
     /// each attempt's port, and with `watched` launching the server through
     /// the parent-watch wrapper ([`WATCH_SCRIPT`]): then the server (and
@@ -349,21 +366,35 @@ impl RedisServer {
         pick_port: fn() -> u16,
     ) -> RedisServer {
         let extra_args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
-        let bin = redis_server_path(); // panics before any temp dir exists
         let mut pick_port = pick_port;
-        start_on_a_free_port("redis-server", "test", &mut pick_port, |port, dir| {
+        Self::start_attempts(watched, &mut pick_port, || (extra_args.clone(), ())).0
+    }
+
+    /// Starts a server on a port from `pick_port`, with the extra arguments
+    /// `make` gives each attempt (and what it returns beside them).
+    fn start_attempts<T>(
+        watched: bool,
+        pick_port: &mut dyn FnMut() -> u16,
+        mut make: impl FnMut() -> (Vec<String>, T),
+    ) -> (RedisServer, T) {
+        let bin = redis_server_path(); // panics before any temp dir exists
+        start_on_a_free_port("redis-server", "test", pick_port, |port, dir| {
+            let (extra_args, made) = make();
             match launch(&bin, port, &dir, &extra_args, watched) {
-                Ok((child, pid)) => Ok(RedisServer {
-                    port,
-                    dir,
-                    extra_args: extra_args.clone(),
-                    watched,
-                    state: Mutex::new(ServerState {
-                        child: Some(child),
-                        pid,
-                        paused: false,
-                    }),
-                }),
+                Ok((child, pid)) => Ok((
+                    RedisServer {
+                        port,
+                        dir,
+                        extra_args,
+                        watched,
+                        state: Mutex::new(ServerState {
+                            child: Some(child),
+                            pid,
+                            paused: false,
+                        }),
+                    },
+                    made,
+                )),
                 Err(e) => {
                     let logs = logs_of(&dir);
                     Err(StartFailure {

@@ -236,6 +236,37 @@ fn free_port_is_bindable() {
     std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
 }
 
+/// A server's extra port (here a cluster bus port) found taken when the
+/// server binds it: the next attempt takes other ports, and the server
+/// starts on them.
+#[test]
+fn an_extra_port_taken_before_the_server_binds_it_is_replaced() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let taken_port = taken.local_addr().expect("local_addr").port();
+    let attempts = std::cell::Cell::new(0);
+    let (srv, ports) = RedisServer::start_with_ports(1, |ports| {
+        attempts.set(attempts.get() + 1);
+        // The first attempt's port is taken by the listener above.
+        let bus = if attempts.get() == 1 {
+            taken_port
+        } else {
+            ports[0]
+        };
+        [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-port",
+            &bus.to_string(),
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    });
+    assert!(attempts.get() >= 2, "the taken port was not tried first");
+    assert_ne!(ports[0], taken_port);
+    assert_eq!(srv.cmd(&["PING"]), "PONG");
+    drop(taken);
+}
+
 /// A port the kernel gives again is not handed out twice: the second of
 /// two ports asked for at once (a sentinel group's, a server's TLS and bus
 /// ports) is another one.

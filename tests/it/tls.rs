@@ -99,19 +99,21 @@ fn tls_server(mutual: bool) -> TlsServer {
     let cert = write(&dir.0, "server.crt", &pki.server_cert);
     let key = write(&dir.0, "server.key", &pki.server_key);
     let ca = write(&dir.0, "ca.crt", &pki.ca);
-    let tls_port = free_port();
-    let srv = RedisServer::start_with_args(&[
-        "--tls-port",
-        &tls_port.to_string(),
-        "--tls-cert-file",
-        cert.to_str().unwrap(),
-        "--tls-key-file",
-        key.to_str().unwrap(),
-        "--tls-ca-cert-file",
-        ca.to_str().unwrap(),
-        "--tls-auth-clients",
-        if mutual { "yes" } else { "no" },
-    ]);
+    let (srv, ports) = RedisServer::start_with_ports(1, |ports| {
+        vec![
+            "--tls-port".to_owned(),
+            ports[0].to_string(),
+            "--tls-cert-file".to_owned(),
+            cert.to_str().unwrap().to_owned(),
+            "--tls-key-file".to_owned(),
+            key.to_str().unwrap().to_owned(),
+            "--tls-ca-cert-file".to_owned(),
+            ca.to_str().unwrap().to_owned(),
+            "--tls-auth-clients".to_owned(),
+            if mutual { "yes" } else { "no" }.to_owned(),
+        ]
+    });
+    let tls_port = ports[0];
     TlsServer {
         srv,
         tls_port,
@@ -367,38 +369,38 @@ fn cluster_over_mutual_tls() {
     let path = |p: &PathBuf| p.to_str().expect("utf-8 path").to_owned();
     let nodes: Vec<(RedisServer, u16)> = (0..3)
         .map(|_| {
-            let tls_port = free_port();
-            let bus_port = free_port();
-            let args = [
-                "--cluster-enabled".to_owned(),
-                "yes".to_owned(),
-                "--cluster-config-file".to_owned(),
-                "nodes.conf".to_owned(),
-                "--cluster-node-timeout".to_owned(),
-                "1000".to_owned(),
-                "--cluster-port".to_owned(),
-                bus_port.to_string(),
-                "--tls-port".to_owned(),
-                tls_port.to_string(),
-                "--tls-cluster".to_owned(),
-                "yes".to_owned(),
-                "--tls-cert-file".to_owned(),
-                path(&cert),
-                "--tls-key-file".to_owned(),
-                path(&key),
-                // The bus's outgoing connections present a client
-                // certificate.
-                "--tls-client-cert-file".to_owned(),
-                path(&client_cert),
-                "--tls-client-key-file".to_owned(),
-                path(&client_key),
-                "--tls-ca-cert-file".to_owned(),
-                path(&ca),
-                "--tls-auth-clients".to_owned(),
-                "yes".to_owned(),
-            ];
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            (RedisServer::start_with_args(&args), tls_port)
+            let (srv, ports) = RedisServer::start_with_ports(2, |ports| {
+                let (tls_port, bus_port) = (ports[0], ports[1]);
+                vec![
+                    "--cluster-enabled".to_owned(),
+                    "yes".to_owned(),
+                    "--cluster-config-file".to_owned(),
+                    "nodes.conf".to_owned(),
+                    "--cluster-node-timeout".to_owned(),
+                    "1000".to_owned(),
+                    "--cluster-port".to_owned(),
+                    bus_port.to_string(),
+                    "--tls-port".to_owned(),
+                    tls_port.to_string(),
+                    "--tls-cluster".to_owned(),
+                    "yes".to_owned(),
+                    "--tls-cert-file".to_owned(),
+                    path(&cert),
+                    "--tls-key-file".to_owned(),
+                    path(&key),
+                    // The bus's outgoing connections present a client
+                    // certificate.
+                    "--tls-client-cert-file".to_owned(),
+                    path(&client_cert),
+                    "--tls-client-key-file".to_owned(),
+                    path(&client_key),
+                    "--tls-ca-cert-file".to_owned(),
+                    path(&ca),
+                    "--tls-auth-clients".to_owned(),
+                    "yes".to_owned(),
+                ]
+            });
+            (srv, ports[0])
         })
         .collect();
     let mut create = std::process::Command::new(crate::support::redis_cli_path());
