@@ -4,7 +4,8 @@
 //! An uncontended acquire + release is two script calls and, inside them,
 //! six commands; a renewal is one script call per batch (one `TIME`)
 //! and, per lock, one read of its generation and one `PEXPIREAT`. A change
-//! that adds a command to either path fails here: measure it with
+//! that adds a command to either path, or an argument to the usual acquire
+//! or release, fails here: measure it with
 //! `scripts/bench_compare.sh` (lock, watchdog) and, if it is worth it,
 //! change the budget below and docs/performance.md with the figures.
 
@@ -36,8 +37,8 @@ fn split(lines: &[String]) -> (BTreeMap<String, usize>, BTreeMap<String, usize>)
     (lua, top)
 }
 
-/// `PAIRS` uncontended `lock_with_lease()` + drop: two EVALSHAs each, and
-/// these commands inside them per pair (the acquire's `EXISTS`, `HSET`,
+/// `PAIRS` uncontended `lock_with_lease()` + drop: two EVALSHAs each, of
+/// eight words each, and these commands inside them per pair (the acquire's `EXISTS`, `HSET`,
 /// `PEXPIRE`; the release's `HMGET`, `PUBLISH`, `DEL`: no latch, the hold's
 /// generation certain), and nothing else sent per pair.
 #[test]
@@ -74,6 +75,21 @@ fn an_uncontended_acquire_and_release_stay_within_their_commands() {
         "script calls of {PAIRS} pairs: {top:?}"
     );
     assert_only_script_calls(&top);
+    // Each key and argument of a script call costs Redis about 1,200
+    // instructions: the acquire sends EVALSHA, its SHA, the key count, 2
+    // keys (the lock, the cancel marker) and 3 arguments (lease, owner,
+    // generation); the release the same, 3 keys (the lock, its channel, its
+    // queue) and 2 arguments (owner, generation).
+    let sizes: Vec<usize> = lines
+        .iter()
+        .filter(|l| Monitor::client_of(l).is_some() && l.contains("\"EVALSHA\""))
+        .map(|l| l.split('"').count() / 2)
+        .collect();
+    assert_eq!(
+        sizes,
+        vec![8; 2 * PAIRS],
+        "words per script call of {PAIRS} pairs"
+    );
 }
 
 /// Locks held by one thread and renewed by the watchdog: per lock and
