@@ -38,9 +38,10 @@ fn split(lines: &[String]) -> (BTreeMap<String, usize>, BTreeMap<String, usize>)
 }
 
 /// `PAIRS` uncontended `lock_with_lease()` + drop: two EVALSHAs each, of
-/// eight words each, and these commands inside them per pair (the acquire's `EXISTS`, `HSET`,
-/// `PEXPIRE`; the release's `HMGET`, `PUBLISH`, `DEL`: no latch, the hold's
-/// generation certain), and nothing else sent per pair.
+/// eight words each, and these commands inside them per pair (the
+/// acquire's `EXISTS`, `HSET`, `PEXPIRE`; the release's `HMGET`, `PUBLISH`,
+/// `DEL`: no latch, the hold's generation certain), and nothing else sent
+/// per pair.
 #[test]
 fn an_uncontended_acquire_and_release_stay_within_their_commands() {
     const PAIRS: usize = 10;
