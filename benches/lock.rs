@@ -15,7 +15,11 @@
 //!    after a lost reply is not applied twice: the protection redlease's
 //!    release has), interleaved only; and the peer of issue 20, a raw non-reentrant lock (`SET NX PX`, Lua
 //!    compare-and-delete) on one connection, interleaved only (goal:
-//!    redlease at >= 0.95 of it).
+//!    redlease at >= 0.95 of it). And two ceilings of any acquire + release
+//!    sent as two scripts, beside that peer: two calls of a script that does
+//!    nothing, and two that do nothing but take redlease's keys and
+//!    arguments (what the arguments cost Redis before a script does any
+//!    work).
 //! 2. Uncontended `lock()` + drop (watchdog lock: registering with the
 //!    watchdog is part of the cost) and `lock_with_lease()` + drop, in pairs/s
 //!    and as a ratio to the floor (target >= 0.9).
@@ -223,6 +227,9 @@ enum Scripts {
     Classic,
     /// Redisson's current ones (the release with an unlock latch).
     Current,
+    /// Two scripts that do nothing, sent with redlease's keys and arguments
+    /// (what the arguments alone cost, beside any work the scripts do).
+    Hollow,
 }
 
 /// One raw acquire + release (two EVALSHA round trips on a raw connection),
@@ -243,6 +250,7 @@ impl RawPair {
             Scripts::Redlease => (ACQUIRE_LUA, RELEASE_LUA),
             Scripts::Classic => (CLASSIC_ACQUIRE_LUA, CLASSIC_RELEASE_LUA),
             Scripts::Current => (CLASSIC_ACQUIRE_LUA, CURRENT_RELEASE_LUA),
+            Scripts::Hollow => ("return nil", "return 1"),
         };
         RawPair {
             scripts,
@@ -260,7 +268,7 @@ impl RawPair {
         let lease_ms = LEASE.as_millis() as u64;
         let mut acquire = redis::cmd("EVALSHA");
         let mut release = redis::cmd("EVALSHA");
-        if self.scripts != Scripts::Redlease {
+        if !matches!(self.scripts, Scripts::Redlease | Scripts::Hollow) {
             acquire
                 .arg(&self.acquire_sha)
                 .arg(1)
@@ -829,6 +837,7 @@ fn redis_instructions_run() {
     let mut conn = server.conn();
     let mut peer = NonReentrant::new(&mut conn, "bench:ri:nonreentrant");
     let mut current = RawPair::new(&mut conn, "bench:ri:current", Scripts::Current);
+    let mut hollow = RawPair::new(&mut conn, "bench:ri:hollow", Scripts::Hollow);
     let lock = client.lock("bench:ri:redlease");
     let count = |name: &str, op: &mut dyn FnMut()| {
         // Warmed up first: connections made, scripts loaded.
@@ -846,6 +855,7 @@ fn redis_instructions_run() {
     };
     let peer = count("peer", &mut || peer.run(&mut conn));
     let current = count("current", &mut || current.run(&mut conn));
+    let hollow = count("hollow", &mut || hollow.run(&mut conn));
     let lease = count("lease", &mut || {
         drop(lock.lock_with_lease(LEASE).expect("lock_with_lease"))
     });
@@ -854,12 +864,14 @@ fn redis_instructions_run() {
         "SUMMARY: redis instructions per acquire + release (callgrind, {INSTRUCTION_PAIRS} pairs) | \
          peer (SET NX PX + compare-and-delete) {peer:.0} | Redisson current scripts raw {current:.0} \
          ({:.2} x peer) | redlease lock_with_lease()+drop {lease:.0} ({:.2} x peer, {:.2} x current) | \
-         lock()+drop {watchdog:.0} ({:.2} x peer, {:.2} x current)",
+         lock()+drop {watchdog:.0} ({:.2} x peer, {:.2} x current) | \
+         two scripts that do nothing with redlease's keys and arguments {hollow:.0} ({:.2} x peer)",
         current / peer,
         lease / peer,
         lease / current,
         watchdog / peer,
         watchdog / current,
+        hollow / peer,
     );
 }
 
@@ -943,6 +955,8 @@ fn main() {
         let mut pair = RawPair::new(&mut c3, "bench:il:raw", Scripts::Redlease);
         let mut classic = RawPair::new(&mut c4, "bench:il:classic", Scripts::Classic);
         let mut current = RawPair::new(&mut c6, "bench:il:current", Scripts::Current);
+        let mut c7 = server.conn();
+        let mut hollow = RawPair::new(&mut c7, "bench:il:hollow", Scripts::Hollow);
         let lock = client.lock("bench:il:redlease");
         let observed = observed.lock("bench:il:observed");
         let mut ping = || redis::cmd("PING").query::<()>(&mut c1).expect("PING");
@@ -956,6 +970,7 @@ fn main() {
         let mut raw = || pair.run(&mut c3);
         let mut classic = || classic.run(&mut c4);
         let mut current = || current.run(&mut c6);
+        let mut hollow = || hollow.run(&mut c7);
         let mut nonreentrant = || nonreentrant.run(&mut c5);
         let mut watchdog = || drop(lock.lock().expect("lock"));
         let mut lease = || drop(lock.lock_with_lease(LEASE).expect("lock_with_lease"));
@@ -969,6 +984,7 @@ fn main() {
                 ("raw_pair", &mut raw),
                 ("classic_pair", &mut classic),
                 ("current_pair", &mut current),
+                ("hollow_pair", &mut hollow),
                 ("nonreentrant_pair", &mut nonreentrant),
                 ("watchdog_pair", &mut watchdog),
                 ("lease_pair", &mut lease),
@@ -1141,6 +1157,21 @@ fn main() {
         "SUMMARY: peer        | raw non-reentrant lock (SET NX PX + Lua compare-and-delete), raw connection | interleaved {} pairs/s, ratio {}",
         fmt_rate(round_rate(&rounds, "nonreentrant_pair")),
         round_ratio(&rounds, "nonreentrant_pair", "ping", 0.5)
+            .map_or_else(|| "n/a".to_owned(), |x| format!("{x:.2}")),
+    );
+    // What an acquire + release sent as two scripts can reach, against the
+    // peer: two calls of a script that does nothing (no key, no argument),
+    // and two that do nothing with redlease's keys and arguments.
+    println!(
+        "SUMMARY: ceiling     | two scripts that do nothing (2 x EVALSHA trivial), raw connection | interleaved {} pairs/s, vs the non-reentrant peer {}",
+        fmt_rate(round_rate(&rounds, "evalsha_trivial").map(|r| r / 2.0)),
+        round_ratio(&rounds, "evalsha_trivial", "nonreentrant_pair", 2.0)
+            .map_or_else(|| "n/a".to_owned(), |x| format!("{x:.2}")),
+    );
+    println!(
+        "SUMMARY: ceiling     | the same with redlease's keys and arguments (2 + 3, 3 + 2), raw connection | interleaved {} pairs/s, vs the non-reentrant peer {}",
+        fmt_rate(round_rate(&rounds, "hollow_pair")),
+        round_ratio(&rounds, "hollow_pair", "nonreentrant_pair", 1.0)
             .map_or_else(|| "n/a".to_owned(), |x| format!("{x:.2}")),
     );
     for (key, what) in [
