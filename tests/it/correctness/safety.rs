@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use redlease::{Client, LeaseGuard, LockGuard, OwnedLockGuard};
 
-use crate::faults_common::figure;
+use crate::faults_common::{figure, release_full_sha};
 use crate::support::{Fault, Proxy, RedisServer};
 
 const LOCKS: [&str; 2] = ["safety:a", "safety:{a}"];
@@ -151,6 +151,8 @@ fn randomized_faults_never_let_two_holders_believe_at_once() {
                     include_str!("../../../src/scripts/release_plain.lua"),
                     include_str!("../../../src/scripts/release.lua")
                 )),
+                // The usual full release (no latch).
+                release_full_sha(),
                 sha(include_str!("../../../src/scripts/renew.lua")),
                 sha(include_str!("../../../src/scripts/cancel_acquire.lua")),
             ];
