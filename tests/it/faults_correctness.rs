@@ -9,3 +9,5 @@ mod lease;
 mod pubsub;
 #[path = "correctness/safety.rs"]
 mod safety;
+#[path = "correctness/semaphores.rs"]
+mod semaphores;

@@ -1,0 +1,770 @@
+//! Randomized safety tests for both semaphores, in the manner of
+//! `safety.rs`: threads of three clients take permits of a semaphore of
+//! [`PERMITS`] (one or two of a `Semaphore`, one with a lease of an
+//! `ExpirableSemaphore`), hold them briefly and give them back (dropped,
+//! released, some on another thread), while a fault injector delays, drops,
+//! cuts and copies late random single requests and replies of the
+//! semaphore's scripts (one rule at a time, replaced every 10-40 ms).
+//!
+//! The oracle records, for every acquisition, the span in which its caller
+//! believed it held its permits (from the return of the acquire call to the
+//! start of the release; for an expirable permit, no later than the
+//! guard's `valid_until()`), and flags any instant at which the permits of
+//! the spans open exceed [`PERMITS`]. At the end, with every guard released
+//! and every request the clients settle in the background settled, the
+//! permits available are [`PERMITS`] again and no permit is recorded as out.
+//!
+//! Each runs `REDLEASE_SEMAPHORE_SAFETY_SECS` seconds (default 7, at most
+//! 600); the seed is printed and can be replayed with
+//! `REDLEASE_SEMAPHORE_SAFETY_SEED`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use redlease::{Client, Error, ExpirableSemaphore, Permit, Semaphore, SemaphorePermits};
+
+use crate::faults_common::figure;
+use crate::support::{wait_until, Fault, Proxy, RedisServer};
+
+/// The permits each semaphore is set to.
+const PERMITS: u64 = 3;
+const CLIENTS: usize = 3;
+const THREADS_PER_CLIENT: usize = 3;
+/// The longest a late copy of a request (`Fault::LateCopy`) is held back.
+const LATE_COPY_MAX: Duration = Duration::from_millis(1500);
+
+/// xorshift64*: a small deterministic generator, one per thread.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.max(1))
+    }
+
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    fn ms(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(lo + self.below(hi - lo + 1))
+    }
+}
+
+fn sha(source: &str) -> Vec<u8> {
+    redis::Script::new(source).get_hash().as_bytes().to_vec()
+}
+
+/// How long to run and with which seed (from the environment).
+fn settings(what: &str) -> (u64, u64) {
+    let secs: u64 = std::env::var("REDLEASE_SEMAPHORE_SAFETY_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(7)
+        .clamp(1, 600);
+    let seed: u64 = std::env::var("REDLEASE_SEMAPHORE_SAFETY_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        });
+    println!("randomized {what} safety test: {secs} s, seed {seed}");
+    (secs, seed)
+}
+
+/// Clients through the proxy, with short timeouts (as in `safety.rs`).
+fn clients(proxy: &Proxy) -> Vec<Client> {
+    (0..CLIENTS)
+        .map(|_| {
+            Client::builder(proxy.url())
+                .response_timeout(Duration::from_millis(120))
+                .connection_timeout(Duration::from_millis(500))
+                .watchdog_timeout(Duration::from_millis(400))
+                .build()
+                .expect("client")
+        })
+        .collect()
+}
+
+/// One thread of one client.
+type Owner = (usize, usize);
+
+/// A span in which an owner believed it held `permits` permits: from the
+/// return of its acquire call to the start of its release (or the guard's
+/// bound, if earlier). Both ends are conservative: the permits were out in
+/// Redis all along if the library keeps its promises.
+#[derive(Clone, Debug)]
+struct Span {
+    owner: Owner,
+    permits: u64,
+    from: Instant,
+    to: Instant,
+    /// How the permits were taken and given back (for a report).
+    how: String,
+}
+
+/// What one worker thread leaves behind.
+#[derive(Default)]
+struct Record {
+    spans: Vec<Span>,
+    /// What it did, timed, for a report.
+    log: Vec<(Instant, String)>,
+    /// Findings that are violations on their own (a release or an update
+    /// told "not out" before the guard's bound).
+    findings: Vec<String>,
+}
+
+impl Record {
+    fn note(&mut self, what: String) {
+        self.log.push((Instant::now(), what));
+    }
+}
+
+/// The instants at which the spans open hold more than `limit` permits, one
+/// report per run of such instants: the spans open then and each owner's
+/// log around them.
+fn overlaps(records: &HashMap<Owner, Record>, limit: u64, t0: Instant) -> Vec<String> {
+    let spans: Vec<&Span> = records.values().flat_map(|r| &r.spans).collect();
+    // Ends before starts at the same instant: a span that ends when another
+    // begins does not overlap it.
+    let mut events: Vec<(Instant, bool, usize)> = Vec::with_capacity(2 * spans.len());
+    for (i, s) in spans.iter().enumerate() {
+        if s.to > s.from {
+            events.push((s.from, true, i));
+            events.push((s.to, false, i));
+        }
+    }
+    events.sort_by_key(|&(at, start, _)| (at, start));
+    let at = |i: Instant| i.saturating_duration_since(t0).as_micros();
+    let mut open: Vec<usize> = Vec::new();
+    let mut held = 0;
+    let mut reports = Vec::new();
+    let mut over = false;
+    for (when, start, i) in events {
+        if start {
+            open.push(i);
+            held += spans[i].permits;
+        } else {
+            open.retain(|&j| j != i);
+            held -= spans[i].permits;
+        }
+        if held > limit && !over && reports.len() < 3 {
+            let mut text = format!("{held} permits believed held at +{} us:", at(when));
+            let mut from = when;
+            for &j in &open {
+                let s = spans[j];
+                from = from.min(s.from);
+                text.push_str(&format!(
+                    "\n  owner {:?}: {} permit(s) from +{} us to +{} us ({})",
+                    s.owner,
+                    s.permits,
+                    at(s.from),
+                    at(s.to),
+                    s.how
+                ));
+            }
+            for &j in &open {
+                let owner = spans[j].owner;
+                text.push_str(&format!("\n--- owner {owner:?}:"));
+                for (t, what) in &records[&owner].log {
+                    if *t + Duration::from_millis(300) >= from && *t <= when {
+                        text.push_str(&format!("\n{:>10} us {what}", at(*t)));
+                    }
+                }
+            }
+            reports.push(text);
+        }
+        over = held > limit;
+    }
+    reports
+}
+
+/// The fault injector: one rule at a time on one of `scripts` (SHAs), of a
+/// random kind, replaced every 10-40 ms until told to stop.
+struct Injector {
+    stop: Arc<AtomicBool>,
+    thread: thread::JoinHandle<(usize, Option<Instant>)>,
+}
+
+impl Injector {
+    fn start(proxy: &Arc<Proxy>, scripts: Vec<Vec<u8>>, seed: u64) -> Injector {
+        let proxy = Arc::clone(proxy);
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let mut rng = Rng::new(seed ^ 0xFA17);
+        let thread = thread::spawn(move || {
+            let mut fired = 0;
+            // When the last late copy that was made has reached Redis.
+            let mut late_until: Option<Instant> = None;
+            let mut current = None;
+            let mut retire = |rule, late: Option<Duration>, fired: &mut usize| {
+                let hits = proxy.hits(rule);
+                proxy.remove_rule(rule);
+                *fired += hits;
+                if let (Some(d), true) = (late, hits > 0) {
+                    let at = Instant::now() + d;
+                    late_until = Some(late_until.map_or(at, |u| u.max(at)));
+                }
+            };
+            while !stopped.load(Ordering::Acquire) {
+                if let Some((rule, late)) = current.take() {
+                    retire(rule, late, &mut fired);
+                }
+                let script = &scripts[rng.below(scripts.len() as u64) as usize];
+                let (fault, late) = match rng.below(6) {
+                    0 => (Fault::DelayReply(rng.ms(10, 300)), None),
+                    1 => (Fault::DelayRequest(rng.ms(10, 300)), None),
+                    2 => (Fault::DropReply, None),
+                    3 => (Fault::CutAfterRequest, None),
+                    4 => (Fault::BlackHole, None),
+                    _ => {
+                        let d = rng.ms(10, LATE_COPY_MAX.as_millis() as u64);
+                        (Fault::LateCopy(d), Some(d))
+                    }
+                };
+                current = Some((proxy.add_rule(script, fault, 1), late));
+                thread::sleep(rng.ms(10, 40)); // pacing of the injected faults
+            }
+            if let Some((rule, late)) = current {
+                retire(rule, late, &mut fired);
+            }
+            (fired, late_until)
+        });
+        Injector { stop, thread }
+    }
+
+    /// Stops it and removes its rule; waits until the late copies it made
+    /// have reached Redis. Returns how many faults fired.
+    fn finish(self) -> usize {
+        self.stop.store(true, Ordering::Release);
+        let (fired, late_until) = self.thread.join().expect("the injector panicked");
+        if let Some(at) = late_until {
+            // A copy is written on a fresh loopback connection as soon as
+            // its delay has passed: a moment more and it has run.
+            let at = at + Duration::from_millis(500);
+            thread::sleep(at.saturating_duration_since(Instant::now()));
+        }
+        fired
+    }
+}
+
+/// Waits (bounded) until no client has a request left to settle in the
+/// background: the undone acquisitions and completed releases have run.
+fn wait_for_settles(clients: &[Client]) {
+    wait_until(
+        "every client's requests whose reply was lost to be settled \
+         (ClientStats::unsettled_requests 0)",
+        Duration::from_secs(30),
+        || clients.iter().all(|c| c.stats().unsettled_requests == 0),
+    );
+}
+
+/// Permits taken from a `Semaphore`, and the permits of an inner
+/// acquisition made while they were held.
+fn plain_worker(
+    sem: &Semaphore,
+    owner: Owner,
+    deadline: Instant,
+    seed: u64,
+    counts: &Counts,
+) -> Record {
+    let mut rng = Rng::new(seed);
+    let mut rec = Record::default();
+    while Instant::now() < deadline {
+        let Some((outer, from)) = take_plain(sem, &mut rng, &mut rec, counts) else {
+            continue;
+        };
+        thread::sleep(rng.ms(0, 15)); // the critical section's work
+        let inner = if rng.below(4) == 0 {
+            take_plain(sem, &mut rng, &mut rec, counts)
+        } else {
+            None
+        };
+        if let Some((inner, from)) = inner {
+            thread::sleep(rng.ms(0, 10));
+            give_back_plain(inner, from, owner, "inner", &mut rng, &mut rec, counts);
+        }
+        thread::sleep(rng.ms(0, 10));
+        give_back_plain(outer, from, owner, "outer", &mut rng, &mut rec, counts);
+    }
+    rec
+}
+
+/// Counters shared by the workers of one test.
+#[derive(Default)]
+struct Counts {
+    acquisitions: AtomicU64,
+    busy: AtomicU64,
+    acquire_errors: AtomicU64,
+    release_errors: AtomicU64,
+    updates: AtomicU64,
+    update_errors: AtomicU64,
+    expired_held: AtomicU64,
+}
+
+fn count(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+fn take_plain(
+    sem: &Semaphore,
+    rng: &mut Rng,
+    rec: &mut Record,
+    counts: &Counts,
+) -> Option<(SemaphorePermits, Instant)> {
+    let want = 1 + rng.below(2);
+    let wait = rng.ms(0, 300);
+    let kind = rng.below(3);
+    let got = match kind {
+        0 => sem.try_acquire(want),
+        1 => sem.try_acquire_for(want, wait),
+        _ => sem.try_acquire_until(want, Instant::now() + wait),
+    };
+    let from = Instant::now();
+    match got {
+        Ok(Some(p)) => {
+            assert_eq!(p.permits(), want, "the guard holds what was asked for");
+            count(&counts.acquisitions);
+            rec.note(format!("acquire {kind} of {want}: taken"));
+            Some((p, from))
+        }
+        Ok(None) => {
+            count(&counts.busy);
+            rec.note(format!("acquire {kind} of {want}: busy"));
+            None
+        }
+        Err(e) => {
+            count(&counts.acquire_errors);
+            rec.note(format!("acquire {kind} of {want}: error {e}"));
+            None
+        }
+    }
+}
+
+/// Gives `p` back (dropped or released, on this thread or another) and
+/// records its span, which ends where the release begins.
+fn give_back_plain(
+    p: SemaphorePermits,
+    from: Instant,
+    owner: Owner,
+    what: &str,
+    rng: &mut Rng,
+    rec: &mut Record,
+    counts: &Counts,
+) {
+    let permits = p.permits();
+    let how = rng.below(4);
+    let release = move |p: SemaphorePermits| {
+        let to = Instant::now();
+        let r = match how {
+            0 | 2 => {
+                drop(p);
+                Ok(())
+            }
+            _ => p.release(),
+        };
+        (to, r)
+    };
+    let (to, r) = if how < 2 {
+        release(p)
+    } else {
+        thread::spawn(move || release(p))
+            .join()
+            .expect("the releasing thread")
+    };
+    let how = ["drop", "release", "drop elsewhere", "release elsewhere"][how as usize];
+    rec.note(format!("{what} {how} of {permits}: {r:?}"));
+    if let Err(e) = &r {
+        count(&counts.release_errors);
+        if matches!(e, Error::PermitLost { .. }) {
+            // Nothing deletes the semaphore or forgets a guard here.
+            rec.findings.push(format!(
+                "owner {owner:?}: a release was told its permits were lost ({e})"
+            ));
+        }
+    }
+    rec.spans.push(Span {
+        owner,
+        permits,
+        from,
+        to,
+        how: format!("{what}, {how}"),
+    });
+}
+
+#[test]
+fn randomized_faults_never_let_semaphore_holders_exceed_the_permits() {
+    const NAME: &str = "safety:sem";
+    let (secs, seed) = settings("semaphore");
+    let srv = RedisServer::start();
+    let proxy = Arc::new(Proxy::start(srv.addr()));
+    let admin = Client::open(srv.url().as_str()).expect("admin client");
+    assert!(admin.semaphore(NAME).try_set_permits(PERMITS).expect("set"));
+    let clients = clients(&proxy);
+
+    let injector = Injector::start(
+        &proxy,
+        vec![
+            sha(include_str!("../../../src/scripts/semaphore_acquire.lua")),
+            // Releases, and the undo of acquisitions whose reply was lost.
+            sha(include_str!("../../../src/scripts/semaphore_release.lua")),
+        ],
+        seed,
+    );
+    let t0 = Instant::now();
+    let deadline = t0 + Duration::from_secs(secs);
+    let counts = Arc::new(Counts::default());
+    let mut workers = Vec::new();
+    for (c, client) in clients.iter().enumerate() {
+        for t in 0..THREADS_PER_CLIENT {
+            let sem = client.semaphore(NAME);
+            let counts = Arc::clone(&counts);
+            let seed = seed ^ (((c as u64) << 32) | (t as u64 + 1));
+            workers.push((
+                (c, t),
+                thread::spawn(move || plain_worker(&sem, (c, t), deadline, seed, &counts)),
+            ));
+        }
+    }
+    let records: HashMap<Owner, Record> = workers
+        .into_iter()
+        .map(|(owner, w)| (owner, w.join().expect("a worker panicked")))
+        .collect();
+    let fired = injector.finish();
+    wait_for_settles(&clients);
+
+    let violations = overlaps(&records, PERMITS, t0);
+    let findings: Vec<&String> = records.values().flat_map(|r| &r.findings).collect();
+    let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    figure(&format!(
+        "randomized semaphore safety ({secs} s, seed {seed}): {} acquisitions, {} busy, \
+         {} acquire errors, {} release errors, {fired} injected faults fired, {} violations",
+        c(&counts.acquisitions),
+        c(&counts.busy),
+        c(&counts.acquire_errors),
+        c(&counts.release_errors),
+        violations.len() + findings.len()
+    ));
+    assert!(c(&counts.acquisitions) > 0, "no permit was ever taken");
+    assert!(fired > 0, "no fault was ever injected");
+    assert!(
+        violations.is_empty(),
+        "more permits believed held than set (seed {seed}):\n{}",
+        violations.join("\n=====\n")
+    );
+    assert!(
+        findings.is_empty(),
+        "seed {seed}:\n{}",
+        findings
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // Every guard is released and nothing is left to settle: every permit
+    // is back, and no acquisition is recorded as holding any.
+    let records_key = format!("redlease_semaphore_permits:{{{NAME}}}");
+    let left: HashMap<String, u64> = redis::cmd("HGETALL")
+        .arg(&records_key)
+        .query(&mut srv.conn())
+        .expect("HGETALL");
+    let available = admin.semaphore(NAME).available_permits().expect("count");
+    assert!(
+        left.is_empty() && available == PERMITS as i64,
+        "permits leaked or doubled (seed {seed}): {available} available of {PERMITS}, \
+         records left {left:?}"
+    );
+}
+
+/// What a permit's guard claims: taken with `lease`, valid until
+/// `valid_until()`.
+fn expirable_worker(
+    sem: &ExpirableSemaphore,
+    owner: Owner,
+    deadline: Instant,
+    seed: u64,
+    counts: &Counts,
+) -> Record {
+    let mut rng = Rng::new(seed);
+    let mut rec = Record::default();
+    while Instant::now() < deadline {
+        let lease = pick_lease(&mut rng);
+        let wait = rng.ms(0, 300);
+        let kind = rng.below(3);
+        let got = match kind {
+            0 => sem.try_acquire(lease),
+            1 => sem.try_acquire_for(wait, lease),
+            _ => sem.try_acquire_until(Instant::now() + wait, lease),
+        };
+        let from = Instant::now();
+        let p = match got {
+            Ok(Some(p)) => p,
+            Ok(None) => {
+                count(&counts.busy);
+                rec.note(format!("acquire {kind} ({lease:?}): busy"));
+                continue;
+            }
+            Err(e) => {
+                count(&counts.acquire_errors);
+                rec.note(format!("acquire {kind} ({lease:?}): error {e}"));
+                continue;
+            }
+        };
+        count(&counts.acquisitions);
+        rec.note(format!(
+            "acquire {kind} ({lease:?}): {}, valid {:?}",
+            p.id(),
+            p.valid_until().saturating_duration_since(from)
+        ));
+        for _ in 0..=rng.below(5) {
+            thread::sleep(rng.ms(0, 25)); // the critical section's work
+            match rng.below(8) {
+                0 | 1 => update(&p, pick_lease(&mut rng), owner, &mut rec, counts),
+                2 => {
+                    // Two updates at once: their replies may come in
+                    // another order than they ran.
+                    let (a, b) = (pick_lease(&mut rng), pick_lease(&mut rng));
+                    let (ra, rb) = thread::scope(|s| {
+                        let other = s.spawn(|| p.update_lease(b));
+                        (
+                            p.update_lease(a),
+                            other.join().expect("the updating thread"),
+                        )
+                    });
+                    for r in [&ra, &rb] {
+                        count(&counts.updates);
+                        if r.is_err() {
+                            count(&counts.update_errors);
+                        }
+                    }
+                    rec.note(format!(
+                        "updates {a:?} {ra:?} and {b:?} {rb:?} at once, valid {:?}",
+                        p.valid_until().saturating_duration_since(Instant::now())
+                    ));
+                }
+                _ => {}
+            }
+        }
+        give_back_permit(p, from, owner, &mut rng, &mut rec, counts);
+    }
+    rec
+}
+
+/// Mostly short leases (some run out while held), some long.
+fn pick_lease(rng: &mut Rng) -> Duration {
+    match rng.below(4) {
+        0 => rng.ms(20, 80),
+        1 | 2 => rng.ms(80, 400),
+        _ => rng.ms(1000, 3000),
+    }
+}
+
+/// One lease update; a permit found not out by a reply that came back
+/// before the guard's bound (read before the update) is a violation.
+fn update(p: &Permit, lease: Duration, owner: Owner, rec: &mut Record, counts: &Counts) {
+    let bound = p.valid_until();
+    let r = p.update_lease(lease);
+    let back = Instant::now();
+    count(&counts.updates);
+    rec.note(format!(
+        "update {lease:?}: {r:?}, valid {:?}",
+        p.valid_until().saturating_duration_since(back)
+    ));
+    if let Err(e) = &r {
+        count(&counts.update_errors);
+        if matches!(e, Error::PermitLost { .. }) && back < bound {
+            rec.findings.push(format!(
+                "owner {owner:?}: permit {} found not out {:?} before its guard's bound",
+                p.id(),
+                bound - back
+            ));
+        }
+    }
+}
+
+/// Releases `p` (dropped or released, on this thread or another) and
+/// records its span, which ends where the release begins or at the
+/// guard's bound, whichever comes first; a release told the permit was
+/// lost before that bound is a violation.
+fn give_back_permit(
+    p: Permit,
+    from: Instant,
+    owner: Owner,
+    rng: &mut Rng,
+    rec: &mut Record,
+    counts: &Counts,
+) {
+    let how = rng.below(4);
+    let id = p.id().to_owned();
+    let release = move |p: Permit| {
+        let start = Instant::now();
+        let bound = p.valid_until();
+        let r = match how {
+            0 | 2 => {
+                drop(p);
+                Ok(())
+            }
+            _ => p.release(),
+        };
+        (start, bound, r, Instant::now())
+    };
+    let (start, bound, r, back) = if how < 2 {
+        release(p)
+    } else {
+        thread::spawn(move || release(p))
+            .join()
+            .expect("the releasing thread")
+    };
+    let how = ["drop", "release", "drop elsewhere", "release elsewhere"][how as usize];
+    rec.note(format!(
+        "{how} {id}: {r:?} (bound {:?} after the start)",
+        bound.saturating_duration_since(start)
+    ));
+    if bound <= start {
+        count(&counts.expired_held);
+    }
+    if let Err(e) = &r {
+        count(&counts.release_errors);
+        if matches!(e, Error::PermitLost { .. }) && back < bound {
+            rec.findings.push(format!(
+                "owner {owner:?}: permit {id} released as lost (expired or not out) {:?} \
+                 before its guard's bound",
+                bound - back
+            ));
+        }
+    }
+    rec.spans.push(Span {
+        owner,
+        permits: 1,
+        from,
+        to: start.min(bound),
+        how: how.to_owned(),
+    });
+}
+
+#[test]
+fn randomized_faults_never_let_expirable_permit_holders_exceed_the_permits() {
+    const NAME: &str = "safety:psem";
+    let (secs, seed) = settings("expirable semaphore");
+    let srv = RedisServer::start();
+    let proxy = Arc::new(Proxy::start(srv.addr()));
+    let admin = Client::open(srv.url().as_str()).expect("admin client");
+    let sem = admin.permit_expirable_semaphore(NAME);
+    assert!(sem.try_set_permits(PERMITS).expect("set"));
+    let clients = clients(&proxy);
+
+    let lib = include_str!("../../../src/scripts/permit_lib.lua");
+    let injector = Injector::start(
+        &proxy,
+        vec![
+            sha(&format!(
+                "{lib}{}",
+                include_str!("../../../src/scripts/permit_acquire.lua")
+            )),
+            // Releases, and the undo of acquisitions whose reply was lost.
+            sha(&format!(
+                "{lib}{}",
+                include_str!("../../../src/scripts/permit_release.lua")
+            )),
+            sha(&format!(
+                "{lib}{}",
+                include_str!("../../../src/scripts/permit_lease.lua")
+            )),
+        ],
+        seed,
+    );
+    let t0 = Instant::now();
+    let deadline = t0 + Duration::from_secs(secs);
+    let counts = Arc::new(Counts::default());
+    let mut workers = Vec::new();
+    for (c, client) in clients.iter().enumerate() {
+        for t in 0..THREADS_PER_CLIENT {
+            let sem = client.permit_expirable_semaphore(NAME);
+            let counts = Arc::clone(&counts);
+            let seed = seed ^ (((c as u64) << 32) | (t as u64 + 1));
+            workers.push((
+                (c, t),
+                thread::spawn(move || expirable_worker(&sem, (c, t), deadline, seed, &counts)),
+            ));
+        }
+    }
+    let records: HashMap<Owner, Record> = workers
+        .into_iter()
+        .map(|(owner, w)| (owner, w.join().expect("a worker panicked")))
+        .collect();
+    let fired = injector.finish();
+    wait_for_settles(&clients);
+
+    let violations = overlaps(&records, PERMITS, t0);
+    let findings: Vec<&String> = records.values().flat_map(|r| &r.findings).collect();
+    let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    figure(&format!(
+        "randomized expirable semaphore safety ({secs} s, seed {seed}): {} acquisitions, \
+         {} busy, {} acquire errors, {} lease updates ({} failed), {} held past their bound, \
+         {} release errors, {fired} injected faults fired, {} violations",
+        c(&counts.acquisitions),
+        c(&counts.busy),
+        c(&counts.acquire_errors),
+        c(&counts.updates),
+        c(&counts.update_errors),
+        c(&counts.expired_held),
+        c(&counts.release_errors),
+        violations.len() + findings.len()
+    ));
+    assert!(c(&counts.acquisitions) > 0, "no permit was ever taken");
+    assert!(fired > 0, "no fault was ever injected");
+    assert!(
+        violations.is_empty(),
+        "more permits believed held than set (seed {seed}):\n{}",
+        violations.join("\n=====\n")
+    );
+    assert!(
+        findings.is_empty(),
+        "seed {seed}:\n{}",
+        findings
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // Every guard is released and nothing is left to settle: no permit is
+    // out (one left out would come back only when its lease ran out), and
+    // every permit is back. Read directly, before anything counts expired
+    // permits back.
+    let out_key = format!("{{{NAME}}}:timeout");
+    let mut conn = srv.conn();
+    let out: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
+        .arg(&out_key)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query(&mut conn)
+        .expect("ZRANGE");
+    let available: i64 = redis::cmd("GET").arg(NAME).query(&mut conn).expect("GET");
+    let out: Vec<String> = out
+        .iter()
+        .map(|(id, expiry)| format!("{} (expiry {expiry})", hex(id)))
+        .collect();
+    assert!(
+        out.is_empty() && available == PERMITS as i64,
+        "permits leaked or doubled (seed {seed}): {available} available of {PERMITS}, \
+         permits left out {out:?}"
+    );
+}
+
+fn hex(raw: &[u8]) -> String {
+    raw.iter().map(|b| format!("{b:02x}")).collect()
+}
