@@ -6,7 +6,7 @@
 -- Returns -1 when acquired (also for a copy of a request that was: its
 -- permit is out), -3 when the request was cancelled already, -2
 -- when none is available and none out will expire, else the ms until the
--- first permit out expires.
+-- first permit out comes back.
 if redis.call('exists', KEYS[4]) == 1 then
     return -3
 end
@@ -27,7 +27,8 @@ if available >= 1 then
 end
 local first = redis.call('zrange', KEYS[2], '0', '0', 'withscores')
 -- Redisson's permits taken without a lease carry 922337203685477: never.
+-- (It comes back once the millisecond of its score has passed.)
 if first[2] and tonumber(first[2]) < 922337203685477 then
-    return math.max(0, tonumber(first[2]) - now)
+    return math.max(0, tonumber(first[2]) - now + 1)
 end
 return -2

@@ -10,9 +10,14 @@ local function now_ms()
 end
 
 -- Counts permits whose lease ran out back (up to 1000 a call) and tells
--- the waiters the new total when there is one to take.
+-- the waiters the new total when there is one to take. A permit's score is
+-- the millisecond it was taken in plus its lease: it was taken at some
+-- point of that millisecond, so its lease may still run during the
+-- millisecond its score names. It comes back once that one has passed
+-- (as a key's PEXPIRE does), never before its guard's bound.
 local function reclaim(name, out, channel, publish, now)
-    local expired = redis.call('zrangebyscore', out, '0', now, 'limit', '0', '1000')
+    local expired = redis.call('zrangebyscore', out, '0', string.format('(%d', now),
+        'limit', '0', '1000')
     if #expired > 0 then
         local total = tonumber(redis.call('get', name) or 0) + #expired
         if total > 0 then

@@ -30,7 +30,8 @@ end
 redis.call('zrem', KEYS[3], ARGV[1])
 redis.call('incrby', KEYS[1], '1')
 local result = 1
-if tonumber(expiry) <= now then
+-- Expired: the millisecond its score names has passed (see reclaim).
+if tonumber(expiry) < now then
     result = 2
 end
 redis.call('set', KEYS[4], result, 'px', ARGV[3])

@@ -765,3 +765,73 @@ fn randomized_faults_never_let_expirable_permit_holders_exceed_the_permits() {
 fn hex(raw: &[u8]) -> String {
     raw.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// Redis's clock in whole milliseconds (`TIME`), as the permit scripts read it.
+fn redis_ms(conn: &mut redis::Connection) -> u64 {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(conn).expect("TIME");
+    secs * 1000 + micros / 1000
+}
+
+/// Found by the randomized test above (seed 201: a permit handed out again
+/// 264 us before its holder's bound). A permit taken in millisecond `T` of
+/// Redis's clock has the score `T + lease`, though it was taken at some
+/// point within `T`; its guard's bound is the send time plus the lease. So
+/// counting it back within millisecond `T + lease` (as a score at or below
+/// the clock did) can come up to 1 ms before its lease ends, and before its
+/// guard's bound: another caller takes the permit while the holder still
+/// believes it holds it. It must come back only once that millisecond has
+/// passed. The probe runs entirely within that millisecond (Redis's clock
+/// read before and after it); a round whose probe misses it is made again.
+#[test]
+fn an_expirable_permit_is_not_counted_back_within_the_millisecond_its_lease_ends() {
+    const NAME: &str = "boundary:psem";
+    let srv = RedisServer::start();
+    let holder = Client::open(srv.url().as_str()).expect("client");
+    let other = Client::open(srv.url().as_str()).expect("client");
+    let sem = holder.permit_expirable_semaphore(NAME);
+    assert!(sem.try_set_permits(1).expect("set"));
+    let probe = other.permit_expirable_semaphore(NAME);
+    let mut conn = srv.conn();
+    let out_key = format!("{{{NAME}}}:timeout");
+    for _round in 0..50 {
+        let p = sem.try_acquire(Duration::from_millis(20)).expect("acquire");
+        let p = p.expect("the only permit is free");
+        let ends: u64 = redis::cmd("ZSCORE")
+            .arg(&out_key)
+            .arg(hex_to_raw(p.id()))
+            .query(&mut conn)
+            .expect("ZSCORE");
+        // Wait for the last millisecond of the lease on Redis's clock.
+        let mut now = redis_ms(&mut conn);
+        let give_up = Instant::now() + Duration::from_secs(5);
+        while now < ends {
+            assert!(
+                Instant::now() < give_up,
+                "Redis's clock did not reach the permit's expiry {ends} (at {now})"
+            );
+            now = redis_ms(&mut conn);
+        }
+        let taken = probe.try_acquire(Duration::from_millis(20)).expect("probe");
+        let after = redis_ms(&mut conn);
+        if now == ends && after == ends {
+            assert!(
+                taken.is_none(),
+                "the permit was counted back and handed out again within millisecond \
+                 {ends}, in which its lease may still run (its guard's bound is {:?} away)",
+                p.valid_until().saturating_duration_since(Instant::now())
+            );
+            return;
+        }
+        // The probe missed that millisecond: again, with a new permit.
+        drop(taken);
+        drop(p);
+    }
+    panic!("no probe ran within the millisecond a permit's lease ended, in 50 rounds");
+}
+
+fn hex_to_raw(id: &str) -> Vec<u8> {
+    (0..id.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&id[i..i + 2], 16).expect("hex"))
+        .collect()
+}
