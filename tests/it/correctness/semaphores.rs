@@ -1,8 +1,9 @@
 //! Randomized safety tests for both semaphores, in the manner of
 //! `safety.rs`: threads of three clients take permits of a semaphore of
 //! [`PERMITS`] (one or two of a `Semaphore`, one with a lease of an
-//! `ExpirableSemaphore`), hold them briefly and give them back (dropped,
-//! released, some on another thread), while a fault injector delays, drops,
+//! `ExpirableSemaphore`, whose lease they may update), hold them briefly
+//! and give them back (dropped, released, a permit also by id, some on
+//! another thread), while a fault injector delays, drops,
 //! cuts and copies late random single requests and replies of the
 //! semaphore's scripts (one rule at a time, replaced every 10-40 ms).
 //!
@@ -567,7 +568,7 @@ fn expirable_worker(
                 _ => {}
             }
         }
-        give_back_permit(p, from, owner, &mut rng, &mut rec, counts);
+        give_back_permit(sem, p, from, owner, &mut rng, &mut rec, counts);
     }
     rec
 }
@@ -604,11 +605,18 @@ fn update(p: &Permit, lease: Duration, owner: Owner, rec: &mut Record, counts: &
     }
 }
 
-/// Releases `p` (dropped or released, on this thread or another) and
-/// records its span, which ends where the release begins or at the
-/// guard's bound, whichever comes first; a release told the permit was
-/// lost before that bound is a violation.
+/// How a permit's release went: its first answer (`Ok(true)`: it was out
+/// and is back; `Ok(false)`: Redis says it was not out, or its lease had run
+/// out), the calls it took, and whether the last one was answered.
+type Released = (Result<bool, Error>, u32, bool);
+
+/// Releases `p`: by its guard (dropped or released) or by id after
+/// `forget` (tried again while it fails: it is idempotent), on this
+/// thread or another. Records its span, which ends where the release
+/// begins or at the guard's bound, whichever comes first; a first answer
+/// that the permit was not out, back before that bound, is a violation.
 fn give_back_permit(
+    sem: &ExpirableSemaphore,
     p: Permit,
     from: Instant,
     owner: Owner,
@@ -616,44 +624,82 @@ fn give_back_permit(
     rec: &mut Record,
     counts: &Counts,
 ) {
-    let how = rng.below(4);
+    let how = rng.below(6);
     let id = p.id().to_owned();
-    let release = move |p: Permit| {
+    let sem = sem.clone();
+    let release = move |p: Permit| -> (Instant, Instant, Released, Instant) {
         let start = Instant::now();
         let bound = p.valid_until();
+        let mut back = None;
         let r = match how {
-            0 | 2 => {
+            0 | 3 => {
                 drop(p);
-                Ok(())
+                (Ok(true), 1, true)
             }
-            _ => p.release(),
+            1 | 4 => (p.release().map(|()| true), 1, true),
+            _ => {
+                let id = p.forget();
+                let mut first = None;
+                let mut calls = 0;
+                let mut answered = false;
+                while calls < 20 && !answered {
+                    calls += 1;
+                    let r = sem.release(&id);
+                    back.get_or_insert_with(Instant::now);
+                    answered = r.is_ok();
+                    first.get_or_insert(r);
+                }
+                (first.expect("one call"), calls, answered)
+            }
         };
-        (start, bound, r, Instant::now())
+        let r = match r {
+            (Err(Error::PermitLost { .. }), calls, a) => (Ok(false), calls, a),
+            other => other,
+        };
+        (start, bound, r, back.unwrap_or_else(Instant::now))
     };
-    let (start, bound, r, back) = if how < 2 {
+    let (start, bound, (r, calls, answered), back) = if how < 3 {
         release(p)
     } else {
         thread::spawn(move || release(p))
             .join()
             .expect("the releasing thread")
     };
-    let how = ["drop", "release", "drop elsewhere", "release elsewhere"][how as usize];
+    let how = [
+        "drop",
+        "release",
+        "release by id",
+        "drop elsewhere",
+        "release elsewhere",
+        "release by id elsewhere",
+    ][how as usize];
     rec.note(format!(
-        "{how} {id}: {r:?} (bound {:?} after the start)",
+        "{how} {id}: {r:?} after {calls} call(s) (bound {:?} after the start)",
         bound.saturating_duration_since(start)
     ));
     if bound <= start {
         count(&counts.expired_held);
     }
-    if let Err(e) = &r {
-        count(&counts.release_errors);
-        if matches!(e, Error::PermitLost { .. }) && back < bound {
-            rec.findings.push(format!(
-                "owner {owner:?}: permit {id} released as lost (expired or not out) {:?} \
-                 before its guard's bound",
-                bound - back
-            ));
+    match &r {
+        Ok(true) => {}
+        Ok(false) => {
+            count(&counts.release_errors);
+            if back < bound {
+                rec.findings.push(format!(
+                    "owner {owner:?}: permit {id} released as not out (or expired) {:?} \
+                     before its guard's bound",
+                    bound - back
+                ));
+            }
         }
+        Err(_) => count(&counts.release_errors),
+    }
+    if !answered {
+        // Not a broken promise (the caller is to retry), but the permit
+        // would stay out until its lease ends and fail the final check.
+        rec.findings.push(format!(
+            "owner {owner:?}: a release by id of permit {id} failed 20 times in a row"
+        ));
     }
     let ends = if bound < start { ", to its bound" } else { "" };
     rec.spans.push(Span {
