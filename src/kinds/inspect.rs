@@ -461,9 +461,11 @@ pub(crate) fn permit_holders(shared: &Shared, name: &str) -> Result<Vec<Holder>>
             let remaining_lease = if score >= NO_EXPIRY {
                 None
             } else {
-                // Whole ms: the score is an integer in a float.
+                // Whole ms: the score is an integer in a float. Out until
+                // the millisecond it names has passed, as the scripts
+                // count it (permit_lib.lua's reclaim).
                 let until = score as u64;
-                if until <= now_ms {
+                if until < now_ms {
                     return None;
                 }
                 Some(Duration::from_millis(until - now_ms))
