@@ -3,6 +3,8 @@
 //! in-test proxy (a rule that delays, drops or cuts one chosen reply or
 //! request), and each failed on the code before the fix.
 
+#[path = "correctness/family.rs"]
+mod family;
 #[path = "correctness/lease.rs"]
 mod lease;
 #[path = "correctness/pubsub.rs"]
