@@ -12,7 +12,10 @@
 //! - fair lock: two owners' spans overlapping;
 //! - fenced lock: two owners' spans overlapping, a token handed out twice,
 //!   or a span that starts after another ended with a token not above
-//!   that one's.
+//!   that one's;
+//! - every kind: a thread's release that said Ok and left it nothing of the
+//!   lock, after which Redis still records the thread's hold
+//!   (`is_held_by_current_thread()`).
 //!
 //! Then, faults removed and everything released, once every client has
 //! settled its lost requests and stopped renewing, Redis must hold no lock
@@ -32,7 +35,15 @@ use redlease::{Client, LockGuard, OwnedLockGuard, ReadWriteLock};
 use crate::faults_common::{figure, lock_keys};
 use crate::support::{wait_until, Fault, Proxy, RedisServer};
 
-const CLIENTS: usize = 3;
+/// The clients' watchdog leases: two short ones, so that watched holds
+/// run out under the faults, and a longer one, whose holds a failure to
+/// release or undo would leave behind long enough for the final check to
+/// see.
+const WATCHDOG_LEASES: [Duration; 3] = [
+    Duration::from_millis(400),
+    Duration::from_millis(400),
+    Duration::from_millis(2000),
+];
 
 /// xorshift64*: a small deterministic generator, one per thread.
 struct Rng(u64);
@@ -148,22 +159,30 @@ impl Guard {
     }
 }
 
+/// Which owner field of its thread a guard's hold is under: a write
+/// hold's (`<uuid>:<thread>:write`), or the thread's own; `None` for an
+/// owned acquisition (a field of its own).
+type Field = Option<bool>;
+
 /// A guard and the span its owner believed it held so far.
 struct Watched {
     guard: Guard,
     how: String,
     exclusive: bool,
+    field: Field,
     from: Instant,
     /// The start of its last `ensure_held()` that said Ok.
     to: Option<Instant>,
 }
 
 impl Watched {
-    fn new(guard: Guard, how: String, exclusive: bool) -> Watched {
+    fn new(guard: Guard, how: String, exclusive: bool, write_field: bool) -> Watched {
+        let field = matches!(guard, Guard::Thread(_)).then_some(write_field);
         Watched {
             guard,
             how,
             exclusive,
+            field,
             from: Instant::now(),
             to: None,
         }
@@ -204,12 +223,20 @@ struct Record {
     wrong: Mutex<Vec<String>>,
     acquisitions: AtomicU64,
     checks: AtomicU64,
+    /// Releases followed by a look at what Redis records.
+    released: AtomicU64,
     errors: AtomicU64,
 }
+
+/// Asks Redis (`is_held_by_current_thread`) whether this thread's owner
+/// field, its write lock's when `true`, is recorded.
+type Held<'a> = dyn Fn(bool) -> redlease::Result<bool> + 'a;
 
 /// One worker thread: its client, its owner id, its generator and its log.
 struct Worker {
     client: Client,
+    /// A read-write lock's worker: only write holds exclude everyone.
+    shared_lock: bool,
     owner: (usize, usize),
     rng: Rng,
     t0: Instant,
@@ -227,12 +254,14 @@ impl Worker {
     }
 
     /// The outcome of an acquire call: a watched guard, or `None` (busy,
-    /// or an error, counted).
+    /// or an error, counted). `write`: a write lock's (its own owner field,
+    /// and it excludes everyone); any hold of the fair and fenced lock
+    /// excludes everyone too.
     fn taken(
         &mut self,
         name: &'static str,
         how: String,
-        exclusive: bool,
+        write: bool,
         r: redlease::Result<Option<Guard>>,
     ) -> Option<Watched> {
         match r {
@@ -246,7 +275,7 @@ impl Worker {
                         how: how.clone(),
                     });
                 }
-                let w = Watched::new(g, how, exclusive);
+                let w = Watched::new(g, how, write || !self.shared_lock, write);
                 let (left, token) = (w.left(), w.guard.token());
                 self.note(format!(
                     "{name} {} acquired, token {token:?}, valid {left:?}",
@@ -289,8 +318,10 @@ impl Worker {
         all
     }
 
-    /// Records `w`'s span (if any check said Ok) and releases it.
-    fn release(&mut self, name: &'static str, w: Watched) {
+    /// Records `w`'s span (if any check said Ok) and releases it. When that
+    /// released the last hold of its thread's owner field (`last`), and
+    /// said Ok, Redis must no longer record that field (`held` asks it).
+    fn release(&mut self, name: &'static str, w: Watched, last: bool, held: &Held<'_>) {
         if let Some(to) = w.to {
             let span = Span {
                 owner: self.owner,
@@ -310,16 +341,36 @@ impl Worker {
                 .push(span);
         }
         let elsewhere = self.rng.below(2) == 0;
-        let how = w.how;
+        let (how, field) = (w.how, w.field);
         let r = w.guard.unlock(elsewhere);
         self.note(format!("{name} {how} unlock {r:?}"));
+        if let (Ok(()), true, Some(write)) = (&r, last, field) {
+            let still = held(write);
+            self.record.released.fetch_add(1, Ordering::Relaxed);
+            self.note(format!("{name} still held by this thread: {still:?}"));
+            if let Ok(true) = still {
+                let log = self.log.join("\n");
+                self.record.wrong.lock().unwrap().push(format!(
+                    "{name}: owner {:?}'s release of {how} said Ok, but Redis still records \
+                     its hold\n{log}",
+                    self.owner
+                ));
+            }
+        }
     }
 
     /// Holds `live` (outer guard first) for a few checks, the critical
     /// section's work between them, releasing one of them (`release_one`:
     /// its index) part way; then the rest, innermost first. Stops checking
-    /// at the first check that says lost.
-    fn hold(&mut self, name: &'static str, mut live: Vec<Watched>, release_one: Option<usize>) {
+    /// at the first check that says lost. `held` asks Redis whether this
+    /// thread's field (write or not) is recorded.
+    fn hold(
+        &mut self,
+        name: &'static str,
+        mut live: Vec<Watched>,
+        release_one: Option<usize>,
+        held: &Held<'_>,
+    ) {
         let rounds = self.rng.below(15) + 1;
         let at = self.rng.below(rounds);
         let mut release_one = release_one.filter(|&i| i < live.len());
@@ -330,13 +381,15 @@ impl Worker {
             if round == at {
                 if let Some(i) = release_one.take() {
                     let w = live.remove(i);
-                    self.release(name, w);
+                    let last = !live.iter().any(|o| o.field == w.field);
+                    self.release(name, w, last, held);
                 }
             }
             thread::sleep(self.rng.ms(0, 15)); // the critical section's work
         }
         while let Some(w) = live.pop() {
-            self.release(name, w);
+            let last = !live.iter().any(|o| o.field == w.field);
+            self.release(name, w, last, held);
         }
     }
 }
@@ -353,18 +406,19 @@ struct Rig {
 }
 
 impl Rig {
-    /// Starts Redis, the proxy, the clients (as safety.rs's: short
-    /// response timeout and watchdog lease) and the injector of faults on
-    /// `scripts` (SHAs).
+    /// Starts Redis, the proxy, the clients (as safety.rs's: a short
+    /// response timeout; see [`WATCHDOG_LEASES`]) and the injector of
+    /// faults on `scripts` (SHAs).
     fn start(seed: u64, scripts: Vec<Vec<u8>>) -> Rig {
         let srv = RedisServer::start();
         let proxy = Arc::new(Proxy::start(srv.addr()));
-        let clients: Vec<Client> = (0..CLIENTS)
-            .map(|_| {
+        let clients: Vec<Client> = WATCHDOG_LEASES
+            .iter()
+            .map(|&lease| {
                 Client::builder(proxy.url())
                     .response_timeout(Duration::from_millis(120))
                     .connection_timeout(Duration::from_millis(500))
-                    .watchdog_timeout(Duration::from_millis(400))
+                    .watchdog_timeout(lease)
                     .build()
                     .expect("client")
             })
@@ -414,13 +468,20 @@ impl Rig {
 
     /// Runs `round` in a loop on `threads` threads per client for `secs`,
     /// then stops the injector; the faults fired.
-    fn run(&mut self, secs: u64, threads: usize, round: fn(&mut Worker)) -> usize {
+    fn run(
+        &mut self,
+        secs: u64,
+        threads: usize,
+        shared_lock: bool,
+        round: fn(&mut Worker),
+    ) -> usize {
         let deadline = Instant::now() + Duration::from_secs(secs);
         let mut workers = Vec::new();
         for (c, client) in self.clients.iter().enumerate() {
             for t in 0..threads {
                 let mut w = Worker {
                     client: client.clone(),
+                    shared_lock,
                     owner: (c, t),
                     rng: Rng::new(self.seed ^ (((c as u64) << 32) | (t as u64 + 1))),
                     t0: Instant::now(),
@@ -604,9 +665,11 @@ fn verdict(test: &str, secs: u64, seed: u64, fired: usize, record: &Record, fenc
     let total: usize = spans.values().map(Vec::len).sum();
     figure(&format!(
         "randomized {test} safety ({secs} s, seed {seed}): {} acquisitions, {total} spans, \
-         {} ensure_held checks, {fired} injected faults fired, {} call errors, {} violations",
+         {} ensure_held checks, {} releases checked on Redis, {fired} injected faults fired, \
+         {} call errors, {} violations",
         record.acquisitions.load(Ordering::Relaxed),
         record.checks.load(Ordering::Relaxed),
+        record.released.load(Ordering::Relaxed),
         record.errors.load(Ordering::Relaxed),
         violations.len()
     ));
@@ -682,7 +745,14 @@ fn rw_round(w: &mut Worker) {
         }
         _ => {}
     }
-    w.hold(name, live, release_one);
+    let held = |write: bool| {
+        if write {
+            rw.write_lock().is_held_by_current_thread()
+        } else {
+            rw.read_lock().is_held_by_current_thread()
+        }
+    };
+    w.hold(name, live, release_one, &held);
 }
 
 #[test]
@@ -704,7 +774,7 @@ fn read_write_lock_randomized_faults_never_let_a_writer_overlap() {
         sha(include_str!("../../../src/scripts/renew.lua")),
     ];
     let mut rig = Rig::start(seed, scripts);
-    let fired = rig.run(secs, 3, rw_round);
+    let fired = rig.run(secs, 3, true, rw_round);
     verdict("read-write lock", secs, seed, fired, &rig.record, false);
     // The latches and cancel markers expire (lock_keys leaves them out).
     rig.assert_nothing_left(|_| false);
@@ -727,7 +797,7 @@ fn fair_round(w: &mut Worker) {
     let Some(outer) = w.taken(
         name,
         format!("F{kind}"),
-        true,
+        false,
         r.map(|g| g.map(Guard::Thread)),
     ) else {
         return;
@@ -741,9 +811,9 @@ fn fair_round(w: &mut Worker) {
     };
     if inner < 3 {
         let how = format!("F{kind}+F{inner}");
-        live.extend(w.taken(name, how, true, r.map(|g| g.map(Guard::Thread))));
+        live.extend(w.taken(name, how, false, r.map(|g| g.map(Guard::Thread))));
     }
-    w.hold(name, live, Some(1));
+    w.hold(name, live, Some(1), &|_| lock.is_held_by_current_thread());
 }
 
 #[test]
@@ -770,7 +840,7 @@ fn fair_lock_randomized_faults_never_let_two_holders_believe_at_once() {
         sha(include_str!("../../../src/scripts/renew.lua")),
     ];
     let mut rig = Rig::start(seed, scripts);
-    let fired = rig.run(secs, 2, fair_round);
+    let fired = rig.run(secs, 2, false, fair_round);
     verdict("fair lock", secs, seed, fired, &rig.record, false);
     // The line, the places and the deadlines must be empty (no departed
     // waiter left in them); the leave markers expire.
@@ -805,7 +875,7 @@ fn fenced_round(w: &mut Worker) {
             .map(thread),
     };
     let how = format!("{}{kind}", b"ffFooPP"[kind as usize] as char);
-    let Some(outer) = w.taken(name, how, true, r) else {
+    let Some(outer) = w.taken(name, how, false, r) else {
         return;
     };
     if kind < 5 && outer.guard.token().is_none() {
@@ -833,7 +903,7 @@ fn fenced_round(w: &mut Worker) {
     };
     if inner < 3 {
         let how = format!("{}+{}", live[0].how, ["f", "F", "p"][inner as usize]);
-        let taken = w.taken(name, how, true, r);
+        let taken = w.taken(name, how, false, r);
         if let Some(g) = &taken {
             if inner < 2 && g.guard.token().is_none() {
                 w.record
@@ -845,7 +915,7 @@ fn fenced_round(w: &mut Worker) {
         }
         live.extend(taken);
     }
-    w.hold(name, live, Some(1));
+    w.hold(name, live, Some(1), &|_| fenced.is_held_by_current_thread());
 }
 
 #[test]
@@ -878,7 +948,7 @@ fn fenced_lock_randomized_faults_never_overlap_nor_reorder_tokens() {
         sha(include_str!("../../../src/scripts/renew.lua")),
     ];
     let mut rig = Rig::start(seed, scripts);
-    let fired = rig.run(secs, 3, fenced_round);
+    let fired = rig.run(secs, 3, false, fenced_round);
     verdict("fenced lock", secs, seed, fired, &rig.record, true);
     // The token key stays (it never expires), above every token handed out.
     let top = rig
