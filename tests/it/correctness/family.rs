@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use redlease::{Client, LockGuard, OwnedLockGuard, ReadWriteLock};
 
-use crate::faults_common::{figure, lock_keys};
+use crate::faults_common::{figure, lock_keys, release_full_sha};
 use crate::support::{wait_until, Fault, Proxy, RedisServer};
 
 /// The clients' watchdog leases: two short ones, so that watched holds
@@ -849,12 +849,20 @@ fn fair_lock_randomized_faults_never_let_two_holders_believe_at_once() {
 
 const FENCED_LOCKS: [&str; 2] = ["family:fenced", "family:{fenced}"];
 
+/// A fenced lock only the first client's threads take: its release
+/// hands it to a waiting thread of that client (nobody else listens).
+const SOLO: &str = "family:fenced:solo";
+
 /// One round of a fenced lock worker: thread-owned or owned acquisitions
 /// (some released on another thread), timed or single tries, fixed leases,
 /// now and then a plain lock of the same name (no token); re-entries,
 /// fenced or plain.
 fn fenced_round(w: &mut Worker) {
-    let name = w.rng.pick(&FENCED_LOCKS);
+    let name = if w.owner.0 == 0 && w.rng.below(3) == 0 {
+        SOLO
+    } else {
+        w.rng.pick(&FENCED_LOCKS)
+    };
     let fenced = w.client.fenced_lock(name);
     let kind = w.rng.below(7);
     let (wait, lease) = (w.rng.ms(0, 200), w.rng.ms(30, 200));
@@ -934,11 +942,7 @@ fn fenced_lock_randomized_faults_never_overlap_nor_reorder_tokens() {
             include_str!("../../../src/scripts/release.lua")
         )),
         // The usual full release, without a latch.
-        sha(concat!(
-            include_str!("../../../src/scripts/queue_lib.lua"),
-            include_str!("../../../src/scripts/queue_wake.lua"),
-            include_str!("../../../src/scripts/release_full.lua")
-        )),
+        release_full_sha(),
         sha(include_str!("../../../src/scripts/cancel_acquire.lua")),
         sha(concat!(
             include_str!("../../../src/scripts/queue_lib.lua"),
@@ -959,7 +963,7 @@ fn fenced_lock_randomized_faults_never_overlap_nor_reorder_tokens() {
         .iter()
         .map(|t| t.token)
         .max();
-    for name in FENCED_LOCKS {
+    for name in FENCED_LOCKS.into_iter().chain([SOLO]) {
         let key = if name.contains('{') {
             format!("redisson_lock_token:{name}")
         } else {
