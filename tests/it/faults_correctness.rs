@@ -9,6 +9,8 @@ mod family;
 mod lease;
 #[path = "correctness/pubsub.rs"]
 mod pubsub;
+#[path = "correctness/randomized.rs"]
+mod randomized;
 #[path = "correctness/safety.rs"]
 mod safety;
 #[path = "correctness/semaphores.rs"]

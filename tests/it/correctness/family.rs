@@ -25,15 +25,16 @@
 //! the seed is printed and can be replayed with `REDLEASE_FAMILY_SEED`.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use redlease::{Client, LockGuard, OwnedLockGuard, ReadWriteLock};
 
-use crate::faults_common::{figure, lock_keys, release_full_sha};
-use crate::support::{wait_until, Fault, Proxy, RedisServer};
+use super::randomized::{client, lock_scripts, run_params, sha, Injector, Rng};
+use crate::faults_common::{figure, lock_keys};
+use crate::support::{wait_until, Proxy, RedisServer};
 
 /// The clients' watchdog leases: two short ones, so that watched holds
 /// run out under the faults, and a longer one, whose holds a failure to
@@ -44,61 +45,13 @@ const WATCHDOG_LEASES: [Duration; 3] = [
     Duration::from_millis(400),
     Duration::from_millis(2000),
 ];
-
-/// xorshift64*: a small deterministic generator, one per thread.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.max(1))
-    }
-
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[self.below(items.len() as u64) as usize]
-    }
-
-    fn ms(&mut self, lo: u64, hi: u64) -> Duration {
-        Duration::from_millis(lo + self.below(hi - lo + 1))
-    }
-}
-
-/// The SHA1 of a script as the client sends it (EVALSHA): the exact
-/// concatenation of its files (see src/scripts.rs).
-fn sha(source: &str) -> Vec<u8> {
-    redis::Script::new(source).get_hash().as_bytes().to_vec()
-}
+/// The longest a late copy of a request (`Fault::LateCopy`) is held back.
+const LATE_COPY_MAX: Duration = Duration::from_millis(300);
 
 /// How long (`REDLEASE_FAMILY_SECS`) and with which seed
 /// (`REDLEASE_FAMILY_SEED`, else the clock) a test runs; printed.
 fn params(test: &str) -> (u64, u64) {
-    let secs: u64 = std::env::var("REDLEASE_FAMILY_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(7)
-        .clamp(1, 600);
-    let seed: u64 = std::env::var("REDLEASE_FAMILY_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
-    println!("randomized {test} safety test: {secs} s, seed {seed}");
-    (secs, seed)
+    run_params(test, "REDLEASE_FAMILY_SECS", "REDLEASE_FAMILY_SEED", 7, 600)
 }
 
 /// An interval in which one owner believed it held a lock (see the module
@@ -399,8 +352,7 @@ struct Rig {
     srv: RedisServer,
     proxy: Arc<Proxy>,
     clients: Vec<Client>,
-    stop: Arc<AtomicBool>,
-    injector: Option<thread::JoinHandle<usize>>,
+    injector: Option<Injector>,
     record: Arc<Record>,
     seed: u64,
 }
@@ -414,52 +366,13 @@ impl Rig {
         let proxy = Arc::new(Proxy::start(srv.addr()));
         let clients: Vec<Client> = WATCHDOG_LEASES
             .iter()
-            .map(|&lease| {
-                Client::builder(proxy.url())
-                    .response_timeout(Duration::from_millis(120))
-                    .connection_timeout(Duration::from_millis(500))
-                    .watchdog_timeout(lease)
-                    .build()
-                    .expect("client")
-            })
+            .map(|&lease| client(&proxy, lease))
             .collect();
-        let stop = Arc::new(AtomicBool::new(false));
-        let injector = {
-            let proxy = Arc::clone(&proxy);
-            let stop = Arc::clone(&stop);
-            let mut rng = Rng::new(seed ^ 0xFA17);
-            thread::spawn(move || {
-                let mut fired = 0;
-                let mut current = None;
-                while !stop.load(Ordering::Acquire) {
-                    if let Some(rule) = current.take() {
-                        fired += proxy.hits(rule);
-                        proxy.remove_rule(rule);
-                    }
-                    let script = &scripts[rng.below(scripts.len() as u64) as usize];
-                    let fault = match rng.below(6) {
-                        0 => Fault::DelayReply(rng.ms(10, 300)),
-                        1 => Fault::DelayRequest(rng.ms(10, 300)),
-                        2 => Fault::DropReply,
-                        3 => Fault::CutAfterRequest,
-                        4 => Fault::LateCopy(rng.ms(10, 300)),
-                        _ => Fault::BlackHole,
-                    };
-                    current = Some(proxy.add_rule(script, fault, 1));
-                    thread::sleep(rng.ms(10, 40)); // pacing of the injected faults
-                }
-                if let Some(rule) = current {
-                    fired += proxy.hits(rule);
-                    proxy.remove_rule(rule);
-                }
-                fired
-            })
-        };
+        let injector = Injector::start(&proxy, scripts, seed, Some(LATE_COPY_MAX));
         Rig {
             srv,
             proxy,
             clients,
-            stop,
             injector: Some(injector),
             record: Arc::default(),
             seed,
@@ -498,13 +411,7 @@ impl Rig {
         for w in workers {
             w.join().expect("a worker panicked");
         }
-        self.stop.store(true, Ordering::Release);
-        let fired = self
-            .injector
-            .take()
-            .expect("the injector")
-            .join()
-            .expect("the injector panicked");
+        let fired = self.injector.take().expect("the injector").finish();
         self.proxy.clear_rules();
         fired
     }
@@ -929,28 +836,12 @@ fn fenced_round(w: &mut Worker) {
 #[test]
 fn fenced_lock_randomized_faults_never_overlap_nor_reorder_tokens() {
     let (secs, seed) = params("fenced lock");
-    let scripts = vec![
-        sha(concat!(
-            include_str!("../../../src/scripts/queue_lib.lua"),
-            include_str!("../../../src/scripts/acquire.lua")
-        )),
-        // The release with a latch (partial, handing over, unsettled).
-        sha(concat!(
-            include_str!("../../../src/scripts/queue_lib.lua"),
-            include_str!("../../../src/scripts/queue_wake.lua"),
-            include_str!("../../../src/scripts/release_plain.lua"),
-            include_str!("../../../src/scripts/release.lua")
-        )),
-        // The usual full release, without a latch.
-        release_full_sha(),
-        sha(include_str!("../../../src/scripts/cancel_acquire.lua")),
-        sha(concat!(
-            include_str!("../../../src/scripts/queue_lib.lua"),
-            include_str!("../../../src/scripts/queue_wake.lua"),
-            include_str!("../../../src/scripts/leave.lua")
-        )),
-        sha(include_str!("../../../src/scripts/renew.lua")),
-    ];
+    let mut scripts = lock_scripts();
+    scripts.push(sha(concat!(
+        include_str!("../../../src/scripts/queue_lib.lua"),
+        include_str!("../../../src/scripts/queue_wake.lua"),
+        include_str!("../../../src/scripts/leave.lua")
+    )));
     let mut rig = Rig::start(seed, scripts);
     let fired = rig.run(secs, 3, false, fenced_round);
     verdict("fenced lock", secs, seed, fired, &rig.record, true);

@@ -10,45 +10,20 @@
 //! printed and can be replayed with `REDLEASE_SAFETY_SEED`.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use redlease::{Client, LeaseGuard, LockGuard, OwnedLockGuard};
 
-use crate::faults_common::{figure, release_full_sha};
-use crate::support::{Fault, Proxy, RedisServer};
+use super::randomized::{client, lock_scripts, run_params, Injector, Rng};
+use crate::faults_common::figure;
+use crate::support::{Proxy, RedisServer};
 
 const LOCKS: [&str; 2] = ["safety:a", "safety:{a}"];
 const CLIENTS: usize = 3;
 const THREADS_PER_CLIENT: usize = 2;
-
-/// xorshift64*: a small deterministic generator, one per thread.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.max(1))
-    }
-
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    fn ms(&mut self, lo: u64, hi: u64) -> Duration {
-        Duration::from_millis(lo + self.below(hi - lo + 1))
-    }
-}
 
 /// An interval in which one owner believed it held a lock: from the return
 /// of the acquire call to the start of its last `ensure_held()` that said Ok
@@ -92,95 +67,29 @@ impl Taken {
     }
 }
 
-fn sha(source: &str) -> Vec<u8> {
-    redis::Script::new(source).get_hash().as_bytes().to_vec()
-}
-
 #[test]
 fn randomized_faults_never_let_two_holders_believe_at_once() {
-    let secs: u64 = std::env::var("REDLEASE_SAFETY_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(12)
-        .clamp(1, 60);
-    let seed: u64 = std::env::var("REDLEASE_SAFETY_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
-    println!("randomized safety test: {secs} s, seed {seed}");
+    let (secs, seed) = run_params(
+        "lock",
+        "REDLEASE_SAFETY_SECS",
+        "REDLEASE_SAFETY_SEED",
+        12,
+        60,
+    );
 
     let srv = RedisServer::start();
     let proxy = Arc::new(Proxy::start(srv.addr()));
     let clients: Vec<Client> = (0..CLIENTS)
-        .map(|_| {
-            Client::builder(proxy.url())
-                .response_timeout(Duration::from_millis(120))
-                .connection_timeout(Duration::from_millis(500))
-                .watchdog_timeout(Duration::from_millis(400))
-                .build()
-                .expect("client")
-        })
+        .map(|_| client(&proxy, Duration::from_millis(400)))
         .collect();
 
     let deadline = Instant::now() + Duration::from_secs(secs);
-    let stop = Arc::new(AtomicBool::new(false));
     let spans: Arc<Mutex<HashMap<&'static str, Vec<Span>>>> = Arc::default();
     let acquisitions = Arc::new(AtomicU64::new(0));
     let checks = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
 
-    // The fault injector: one rule at a time, on a random script, of a
-    // random kind, replaced every 20-80 ms.
-    let injector = {
-        let proxy = Arc::clone(&proxy);
-        let stop = Arc::clone(&stop);
-        let mut rng = Rng::new(seed ^ 0xFA17);
-        thread::spawn(move || {
-            let scripts = [
-                sha(concat!(
-                    include_str!("../../../src/scripts/queue_lib.lua"),
-                    include_str!("../../../src/scripts/acquire.lua")
-                )),
-                sha(concat!(
-                    include_str!("../../../src/scripts/queue_lib.lua"),
-                    include_str!("../../../src/scripts/queue_wake.lua"),
-                    include_str!("../../../src/scripts/release_plain.lua"),
-                    include_str!("../../../src/scripts/release.lua")
-                )),
-                // The usual full release (no latch).
-                release_full_sha(),
-                sha(include_str!("../../../src/scripts/renew.lua")),
-                sha(include_str!("../../../src/scripts/cancel_acquire.lua")),
-            ];
-            let mut fired = 0;
-            let mut current = None;
-            while !stop.load(Ordering::Acquire) {
-                if let Some(rule) = current.take() {
-                    fired += proxy.hits(rule);
-                    proxy.remove_rule(rule);
-                }
-                let script = &scripts[rng.below(scripts.len() as u64) as usize];
-                let fault = match rng.below(5) {
-                    0 => Fault::DelayReply(rng.ms(10, 300)),
-                    1 => Fault::DelayRequest(rng.ms(10, 300)),
-                    2 => Fault::DropReply,
-                    3 => Fault::CutAfterRequest,
-                    _ => Fault::BlackHole,
-                };
-                current = Some(proxy.add_rule(script, fault, 1));
-                thread::sleep(rng.ms(10, 40)); // pacing of the injected faults
-            }
-            if let Some(rule) = current {
-                fired += proxy.hits(rule);
-                proxy.remove_rule(rule);
-            }
-            fired
-        })
-    };
+    let injector = Injector::start(&proxy, lock_scripts(), seed, None);
 
     let mut workers = Vec::new();
     for (c, client) in clients.iter().enumerate() {
@@ -314,8 +223,7 @@ fn randomized_faults_never_let_two_holders_believe_at_once() {
     for w in workers {
         w.join().expect("a worker panicked");
     }
-    stop.store(true, Ordering::Release);
-    let fired = injector.join().expect("the injector panicked");
+    let fired = injector.finish();
 
     let spans = spans.lock().unwrap();
     let mut violations: Vec<String> = Vec::new();

@@ -20,15 +20,16 @@
 //! `REDLEASE_SEMAPHORE_SAFETY_SEED`.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use redlease::{Client, Error, ExpirableSemaphore, Permit, Semaphore, SemaphorePermits};
 
+use super::randomized::{client, run_params, run_workers, sha, Injector, Rng};
 use crate::faults_common::figure;
-use crate::support::{wait_until, Fault, Proxy, RedisServer};
+use crate::support::{wait_until, Proxy, RedisServer};
 
 /// The permits each semaphore is set to.
 const PERMITS: u64 = 3;
@@ -37,66 +38,21 @@ const THREADS_PER_CLIENT: usize = 3;
 /// The longest a late copy of a request (`Fault::LateCopy`) is held back.
 const LATE_COPY_MAX: Duration = Duration::from_millis(1500);
 
-/// xorshift64*: a small deterministic generator, one per thread.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.max(1))
-    }
-
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    fn ms(&mut self, lo: u64, hi: u64) -> Duration {
-        Duration::from_millis(lo + self.below(hi - lo + 1))
-    }
-}
-
-fn sha(source: &str) -> Vec<u8> {
-    redis::Script::new(source).get_hash().as_bytes().to_vec()
-}
-
 /// How long to run and with which seed (from the environment).
 fn settings(what: &str) -> (u64, u64) {
-    let secs: u64 = std::env::var("REDLEASE_SEMAPHORE_SAFETY_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(7)
-        .clamp(1, 600);
-    let seed: u64 = std::env::var("REDLEASE_SEMAPHORE_SAFETY_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
-    println!("randomized {what} safety test: {secs} s, seed {seed}");
-    (secs, seed)
+    run_params(
+        what,
+        "REDLEASE_SEMAPHORE_SAFETY_SECS",
+        "REDLEASE_SEMAPHORE_SAFETY_SEED",
+        7,
+        600,
+    )
 }
 
 /// Clients through the proxy, with short timeouts (as in `safety.rs`).
 fn clients(proxy: &Proxy) -> Vec<Client> {
     (0..CLIENTS)
-        .map(|_| {
-            Client::builder(proxy.url())
-                .response_timeout(Duration::from_millis(120))
-                .connection_timeout(Duration::from_millis(500))
-                .watchdog_timeout(Duration::from_millis(400))
-                .build()
-                .expect("client")
-        })
+        .map(|_| client(proxy, Duration::from_millis(400)))
         .collect()
 }
 
@@ -213,75 +169,6 @@ fn verdict(seed: u64, overlaps: &(usize, Vec<String>), records: &HashMap<Owner, 
         overlaps.1.join("\n=====\n"),
         findings.join("\n")
     );
-}
-
-/// The fault injector: one rule at a time on one of `scripts` (SHAs), of a
-/// random kind, replaced every 10-40 ms until told to stop.
-struct Injector {
-    stop: Arc<AtomicBool>,
-    thread: thread::JoinHandle<(usize, Option<Instant>)>,
-}
-
-impl Injector {
-    fn start(proxy: &Arc<Proxy>, scripts: Vec<Vec<u8>>, seed: u64) -> Injector {
-        let proxy = Arc::clone(proxy);
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = Arc::clone(&stop);
-        let mut rng = Rng::new(seed ^ 0xFA17);
-        let thread = thread::spawn(move || {
-            let mut fired = 0;
-            // When the last late copy that was made has reached Redis.
-            let mut late_until: Option<Instant> = None;
-            let mut current = None;
-            let mut retire = |rule, late: Option<Duration>, fired: &mut usize| {
-                let hits = proxy.hits(rule);
-                proxy.remove_rule(rule);
-                *fired += hits;
-                if let (Some(d), true) = (late, hits > 0) {
-                    let at = Instant::now() + d;
-                    late_until = Some(late_until.map_or(at, |u| u.max(at)));
-                }
-            };
-            while !stopped.load(Ordering::Acquire) {
-                if let Some((rule, late)) = current.take() {
-                    retire(rule, late, &mut fired);
-                }
-                let script = &scripts[rng.below(scripts.len() as u64) as usize];
-                let (fault, late) = match rng.below(6) {
-                    0 => (Fault::DelayReply(rng.ms(10, 300)), None),
-                    1 => (Fault::DelayRequest(rng.ms(10, 300)), None),
-                    2 => (Fault::DropReply, None),
-                    3 => (Fault::CutAfterRequest, None),
-                    4 => (Fault::BlackHole, None),
-                    _ => {
-                        let d = rng.ms(10, LATE_COPY_MAX.as_millis() as u64);
-                        (Fault::LateCopy(d), Some(d))
-                    }
-                };
-                current = Some((proxy.add_rule(script, fault, 1), late));
-                thread::sleep(rng.ms(10, 40)); // pacing of the injected faults
-            }
-            if let Some((rule, late)) = current {
-                retire(rule, late, &mut fired);
-            }
-            (fired, late_until)
-        });
-        Injector { stop, thread }
-    }
-
-    /// Stops it and removes its rule; waits until the late copies it made
-    /// have reached Redis. Returns how many faults fired.
-    fn finish(self) -> usize {
-        self.stop.store(true, Ordering::Release);
-        let (fired, late_until) = self.thread.join().expect("the injector panicked");
-        if let Some(at) = late_until {
-            // A copy is written on a fresh loopback connection as soon as
-            // its delay has passed: a moment more and it has run.
-            let at = at + Duration::from_millis(500);
-            thread::sleep(at.saturating_duration_since(Instant::now()));
-        }
-        fired
-    }
 }
 
 /// Waits (bounded) until no client has a request left to settle in the
@@ -446,26 +333,22 @@ fn randomized_faults_never_let_semaphore_holders_exceed_the_permits() {
             sha(include_str!("../../../src/scripts/semaphore_release.lua")),
         ],
         seed,
+        Some(LATE_COPY_MAX),
     );
     let t0 = Instant::now();
     let deadline = t0 + Duration::from_secs(secs);
     let counts = Arc::new(Counts::default());
-    let mut workers = Vec::new();
-    for (c, client) in clients.iter().enumerate() {
-        for t in 0..THREADS_PER_CLIENT {
-            let sem = client.semaphore(NAME);
-            let counts = Arc::clone(&counts);
-            let seed = seed ^ (((c as u64) << 32) | (t as u64 + 1));
-            workers.push((
-                (c, t),
-                thread::spawn(move || plain_worker(&sem, (c, t), deadline, seed, &counts)),
-            ));
-        }
-    }
-    let records: HashMap<Owner, Record> = workers
-        .into_iter()
-        .map(|(owner, w)| (owner, w.join().expect("a worker panicked")))
-        .collect();
+    let records: HashMap<Owner, Record> = {
+        let counts = Arc::clone(&counts);
+        run_workers(
+            &clients,
+            THREADS_PER_CLIENT,
+            seed,
+            move |client, owner, seed| {
+                plain_worker(&client.semaphore(NAME), owner, deadline, seed, &counts)
+            },
+        )
+    };
     let fired = injector.finish();
     wait_for_settles(&clients);
 
@@ -741,26 +624,28 @@ fn randomized_faults_never_let_expirable_permit_holders_exceed_the_permits() {
             )),
         ],
         seed,
+        Some(LATE_COPY_MAX),
     );
     let t0 = Instant::now();
     let deadline = t0 + Duration::from_secs(secs);
     let counts = Arc::new(Counts::default());
-    let mut workers = Vec::new();
-    for (c, client) in clients.iter().enumerate() {
-        for t in 0..THREADS_PER_CLIENT {
-            let sem = client.permit_expirable_semaphore(NAME);
-            let counts = Arc::clone(&counts);
-            let seed = seed ^ (((c as u64) << 32) | (t as u64 + 1));
-            workers.push((
-                (c, t),
-                thread::spawn(move || expirable_worker(&sem, (c, t), deadline, seed, &counts)),
-            ));
-        }
-    }
-    let records: HashMap<Owner, Record> = workers
-        .into_iter()
-        .map(|(owner, w)| (owner, w.join().expect("a worker panicked")))
-        .collect();
+    let records: HashMap<Owner, Record> = {
+        let counts = Arc::clone(&counts);
+        run_workers(
+            &clients,
+            THREADS_PER_CLIENT,
+            seed,
+            move |client, owner, seed| {
+                expirable_worker(
+                    &client.permit_expirable_semaphore(NAME),
+                    owner,
+                    deadline,
+                    seed,
+                    &counts,
+                )
+            },
+        )
+    };
     let fired = injector.finish();
     wait_for_settles(&clients);
 
