@@ -641,6 +641,11 @@ fn a_lost_full_releases_background_completion_spares_the_next_hold() {
         let r = g.unlock();
         assert!(r.is_err(), "{name}: the release was lost, got {r:?}");
         assert_eq!(proxy.hits(lost), 1, "{name}");
+        // The background completion is on its way (held back) before the
+        // owner takes the lock again: taken first, the acquisition would
+        // settle the release itself (its latch rides with it) and no
+        // completion would be sent (seen under load).
+        proxy.wait_hits(held_back, 1, WAIT);
         // The pool may need a moment for a new connection after the fault.
         let until = Instant::now() + Duration::from_secs(3);
         let again = loop {
@@ -650,7 +655,6 @@ fn a_lost_full_releases_background_completion_spares_the_next_hold() {
                 Err(e) => panic!("{name}: the next hold: {e}"),
             }
         };
-        proxy.wait_hits(held_back, 1, WAIT);
         // The held-back copy is the one that arrives on the connection it
         // was held back on (a retry of the completion uses another).
         let on: Vec<String> = proxy
