@@ -171,6 +171,35 @@ fn verdict(seed: u64, overlaps: &(usize, Vec<String>), records: &HashMap<Owner, 
     );
 }
 
+/// Runs `worker` on [`THREADS_PER_CLIENT`] threads of each client for
+/// `secs` while the injector faults `scripts` (SHAs), then waits for the
+/// clients to settle what they left: the records by owner, the counts, when
+/// the workers started and how many faults fired.
+fn run(
+    proxy: &Arc<Proxy>,
+    clients: &[Client],
+    scripts: Vec<Vec<u8>>,
+    (secs, seed): (u64, u64),
+    worker: impl Fn(&Client, Owner, Instant, u64, &Counts) -> Record + Send + Sync + 'static,
+) -> (HashMap<Owner, Record>, Arc<Counts>, Instant, usize) {
+    let injector = Injector::start(proxy, scripts, seed, Some(LATE_COPY_MAX));
+    let t0 = Instant::now();
+    let deadline = t0 + Duration::from_secs(secs);
+    let counts = Arc::new(Counts::default());
+    let records = {
+        let counts = Arc::clone(&counts);
+        run_workers(
+            clients,
+            THREADS_PER_CLIENT,
+            seed,
+            move |client, owner, seed| worker(client, owner, deadline, seed, &counts),
+        )
+    };
+    let fired = injector.finish();
+    wait_for_settles(clients);
+    (records, counts, t0, fired)
+}
+
 /// Waits (bounded) until no client has a request left to settle in the
 /// background: the undone acquisitions and completed releases have run.
 fn wait_for_settles(clients: &[Client]) {
@@ -325,32 +354,20 @@ fn randomized_faults_never_let_semaphore_holders_exceed_the_permits() {
     assert!(admin.semaphore(NAME).try_set_permits(PERMITS).expect("set"));
     let clients = clients(&proxy);
 
-    let injector = Injector::start(
+    let scripts = vec![
+        sha(include_str!("../../../src/scripts/semaphore_acquire.lua")),
+        // Releases, and the undo of acquisitions whose reply was lost.
+        sha(include_str!("../../../src/scripts/semaphore_release.lua")),
+    ];
+    let (records, counts, t0, fired) = run(
         &proxy,
-        vec![
-            sha(include_str!("../../../src/scripts/semaphore_acquire.lua")),
-            // Releases, and the undo of acquisitions whose reply was lost.
-            sha(include_str!("../../../src/scripts/semaphore_release.lua")),
-        ],
-        seed,
-        Some(LATE_COPY_MAX),
+        &clients,
+        scripts,
+        (secs, seed),
+        move |client, owner, deadline, seed, counts| {
+            plain_worker(&client.semaphore(NAME), owner, deadline, seed, counts)
+        },
     );
-    let t0 = Instant::now();
-    let deadline = t0 + Duration::from_secs(secs);
-    let counts = Arc::new(Counts::default());
-    let records: HashMap<Owner, Record> = {
-        let counts = Arc::clone(&counts);
-        run_workers(
-            &clients,
-            THREADS_PER_CLIENT,
-            seed,
-            move |client, owner, seed| {
-                plain_worker(&client.semaphore(NAME), owner, deadline, seed, &counts)
-            },
-        )
-    };
-    let fired = injector.finish();
-    wait_for_settles(&clients);
 
     let overlaps = overlaps(&records, PERMITS, t0);
     let findings: usize = records.values().map(|r| r.findings.len()).sum();
@@ -606,48 +623,36 @@ fn randomized_faults_never_let_expirable_permit_holders_exceed_the_permits() {
     let clients = clients(&proxy);
 
     let lib = include_str!("../../../src/scripts/permit_lib.lua");
-    let injector = Injector::start(
+    let scripts = vec![
+        sha(&format!(
+            "{lib}{}",
+            include_str!("../../../src/scripts/permit_acquire.lua")
+        )),
+        // Releases, and the undo of acquisitions whose reply was lost.
+        sha(&format!(
+            "{lib}{}",
+            include_str!("../../../src/scripts/permit_release.lua")
+        )),
+        sha(&format!(
+            "{lib}{}",
+            include_str!("../../../src/scripts/permit_lease.lua")
+        )),
+    ];
+    let (records, counts, t0, fired) = run(
         &proxy,
-        vec![
-            sha(&format!(
-                "{lib}{}",
-                include_str!("../../../src/scripts/permit_acquire.lua")
-            )),
-            // Releases, and the undo of acquisitions whose reply was lost.
-            sha(&format!(
-                "{lib}{}",
-                include_str!("../../../src/scripts/permit_release.lua")
-            )),
-            sha(&format!(
-                "{lib}{}",
-                include_str!("../../../src/scripts/permit_lease.lua")
-            )),
-        ],
-        seed,
-        Some(LATE_COPY_MAX),
+        &clients,
+        scripts,
+        (secs, seed),
+        move |client, owner, deadline, seed, counts| {
+            expirable_worker(
+                &client.permit_expirable_semaphore(NAME),
+                owner,
+                deadline,
+                seed,
+                counts,
+            )
+        },
     );
-    let t0 = Instant::now();
-    let deadline = t0 + Duration::from_secs(secs);
-    let counts = Arc::new(Counts::default());
-    let records: HashMap<Owner, Record> = {
-        let counts = Arc::clone(&counts);
-        run_workers(
-            &clients,
-            THREADS_PER_CLIENT,
-            seed,
-            move |client, owner, seed| {
-                expirable_worker(
-                    &client.permit_expirable_semaphore(NAME),
-                    owner,
-                    deadline,
-                    seed,
-                    &counts,
-                )
-            },
-        )
-    };
-    let fired = injector.finish();
-    wait_for_settles(&clients);
 
     let overlaps = overlaps(&records, PERMITS, t0);
     let findings: usize = records.values().map(|r| r.findings.len()).sum();
